@@ -1,0 +1,178 @@
+"""Every environment variable name and default of sessionmem, in one place.
+
+The operator writes these into the pod template (as static values: Knative rejects ``valueFrom``), the
+chart writes the proxy's and operator's, and the launcher and proxy read them through here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# --- defaults (DESIGN.md section 3) ---
+DEFAULT_REPLAY_MESSAGES = 40
+DEFAULT_CAP = 500
+DEFAULT_TTL_SECONDS = 24 * 3600
+DEFAULT_LAUNCHER_PORT = 2998
+DEFAULT_SERVE_PORT = 8080
+DEFAULT_AGENT_PORT = 8081
+DEFAULT_BACKEND_ADDR = "ctxmesh-statelayer.ctxmesh.svc:6379"
+DEFAULT_TOKEN_PATH = "/var/run/secrets/sessionmem/token"
+DEFAULT_AUDIENCE = "sessionmem-proxy"
+
+# --- bounds the proxy enforces whatever a client asks for ---
+MAX_READ_LIMIT = 500
+MAX_CAP = 10_000
+MAX_TTL_SECONDS = 30 * 24 * 3600
+MAX_BODY_BYTES = 1024 * 1024
+MAX_ENTRIES_PER_APPEND = 64
+MAX_CONTENT_CHARS = 256 * 1024
+
+# --- pod (launcher) side, written by the operator ---
+PROXY_URL = "SESSIONMEM_PROXY_URL"
+BACKEND_ADDR = "SESSIONMEM_BACKEND_ADDR"
+TOKEN_PATH = "SESSIONMEM_TOKEN_PATH"
+NAMESPACE = "SESSIONMEM_NAMESPACE"
+AGENT = "SESSIONMEM_AGENT"
+SCOPE = "SESSIONMEM_SCOPE"
+REGISTRY = "SESSIONMEM_REGISTRY"
+PER_USER = "SESSIONMEM_PER_USER"
+REPLAY_MESSAGES = "SESSIONMEM_REPLAY_MESSAGES"
+REPLAY_TOKENS = "SESSIONMEM_REPLAY_TOKENS"
+CAP = "SESSIONMEM_CAP"
+TTL_SECONDS = "SESSIONMEM_TTL_SECONDS"
+LAUNCHER_PORT = "SESSIONMEM_LAUNCHER_PORT"
+SERVE_PORT = "SESSIONMEM_SERVE_PORT"
+AGENT_PORT = "SESSIONMEM_AGENT_PORT"
+PROXY_TIMEOUT_SECONDS = "SESSIONMEM_PROXY_TIMEOUT_SECONDS"
+AGENT_TIMEOUT_SECONDS = "SESSIONMEM_AGENT_TIMEOUT_SECONDS"
+
+# --- proxy side, written by the chart ---
+VALKEY_URL = "SESSIONMEM_VALKEY_URL"
+AUTH_MODE = "SESSIONMEM_AUTH_MODE"  # "tokenreview" (default) | "dev" (explicit, never set by the chart)
+AUDIENCE = "SESSIONMEM_AUDIENCE"
+PROXY_HOST = "SESSIONMEM_PROXY_HOST"
+PROXY_PORT = "SESSIONMEM_PROXY_PORT"
+VALKEY_TIMEOUT_SECONDS = "SESSIONMEM_VALKEY_TIMEOUT_SECONDS"
+
+# --- operator side, written by the chart ---
+OPERATOR_PROXY_URL = "SESSIONMEM_OPERATOR_PROXY_URL"
+OPERATOR_LAUNCHER_IMAGE = "SESSIONMEM_OPERATOR_LAUNCHER_IMAGE"
+OPERATOR_AUDIENCE = "SESSIONMEM_OPERATOR_AUDIENCE"
+OPERATOR_TOKEN_EXPIRATION_SECONDS = "SESSIONMEM_OPERATOR_TOKEN_EXPIRATION_SECONDS"
+OPERATOR_CONFIG_FILE = "SESSIONMEM_OPERATOR_CONFIG_FILE"  # optional YAML file; the variables above override it
+
+# Standard OpenTelemetry variable: spans are exported by OTLP only when it is set.
+OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+
+
+class ConfigError(ValueError):
+    """A setting is malformed; raised at start-up so a bad pod fails loudly instead of misbehaving."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from exc
+    if not lo <= value <= hi:
+        raise ConfigError(f"{name}={value} is outside [{lo}, {hi}]")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not a number") from exc
+    if value <= 0:
+        raise ConfigError(f"{name} must be positive")
+    return value
+
+
+def _bool(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    raise ConfigError(f"{name}={raw!r} is not a boolean")
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherSettings:
+    proxy_url: str | None
+    backend_addr: str | None
+    token_path: str
+    namespace: str
+    agent: str
+    scope: str
+    per_user: bool
+    replay_messages: int
+    replay_tokens: int | None
+    cap: int
+    ttl_seconds: int
+    launcher_port: int
+    serve_port: int
+    agent_port: int
+    proxy_timeout_seconds: float
+    agent_timeout_seconds: float
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> LauncherSettings:
+        env = os.environ if env is None else env
+        scope = env.get(SCOPE, "session") or "session"
+        if scope not in ("session", "shared"):
+            raise ConfigError(f"{SCOPE}={scope!r} must be 'session' or 'shared'")
+        tokens = _int(env, REPLAY_TOKENS, 0, 0, 10_000_000)
+        return cls(
+            proxy_url=(env.get(PROXY_URL) or None),
+            backend_addr=(env.get(BACKEND_ADDR) or None),
+            token_path=env.get(TOKEN_PATH) or DEFAULT_TOKEN_PATH,
+            namespace=env.get(NAMESPACE, ""),
+            agent=env.get(AGENT, ""),
+            scope=scope,
+            per_user=_bool(env, PER_USER),
+            replay_messages=_int(env, REPLAY_MESSAGES, DEFAULT_REPLAY_MESSAGES, 0, MAX_READ_LIMIT),
+            replay_tokens=tokens or None,
+            cap=_int(env, CAP, DEFAULT_CAP, 1, MAX_CAP),
+            ttl_seconds=_int(env, TTL_SECONDS, DEFAULT_TTL_SECONDS, 1, MAX_TTL_SECONDS),
+            launcher_port=_int(env, LAUNCHER_PORT, DEFAULT_LAUNCHER_PORT, 0, 65535),
+            serve_port=_int(env, SERVE_PORT, DEFAULT_SERVE_PORT, 0, 65535),
+            agent_port=_int(env, AGENT_PORT, DEFAULT_AGENT_PORT, 1, 65535),
+            proxy_timeout_seconds=_float(env, PROXY_TIMEOUT_SECONDS, 1.5),
+            agent_timeout_seconds=_float(env, AGENT_TIMEOUT_SECONDS, 120.0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySettings:
+    valkey_url: str
+    auth_mode: str
+    audience: str
+    host: str
+    port: int
+    valkey_timeout_seconds: float
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ProxySettings:
+        env = os.environ if env is None else env
+        # Fail closed: without an explicit choice the proxy verifies tokens with TokenReview.
+        mode = env.get(AUTH_MODE, "tokenreview") or "tokenreview"
+        if mode not in ("tokenreview", "dev"):
+            raise ConfigError(f"{AUTH_MODE}={mode!r} must be 'tokenreview' or 'dev'")
+        return cls(
+            valkey_url=env.get(VALKEY_URL) or "valkey://127.0.0.1:6379/0",
+            auth_mode=mode,
+            audience=env.get(AUDIENCE) or DEFAULT_AUDIENCE,
+            host=env.get(PROXY_HOST) or "0.0.0.0",
+            port=_int(env, PROXY_PORT, 8000, 0, 65535),
+            valkey_timeout_seconds=_float(env, VALKEY_TIMEOUT_SECONDS, 1.0),
+        )

@@ -1,0 +1,106 @@
+"""Typed errors shared by the proxy and the launcher, and the one place that maps them to HTTP statuses.
+
+Every error leaves a component as ``{"error": {"type": ..., "message": ...}}``.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+
+class SessionMemError(Exception):
+    """Base of every error a caller may see; ``error_type`` and ``status`` travel on the wire."""
+
+    error_type = "internal"
+    status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def body(self) -> bytes:
+        return error_body(self.error_type, self.message)
+
+
+class InvalidRequest(SessionMemError):
+    error_type = "invalid_request"
+    status = 400
+
+
+class InvalidConversationId(InvalidRequest):
+    error_type = "invalid_conversation_id"
+
+
+class InvalidMessageId(InvalidRequest):
+    error_type = "invalid_message_id"
+
+
+class Unauthenticated(SessionMemError):
+    error_type = "unauthenticated"
+    status = 401
+
+
+class Forbidden(SessionMemError):
+    error_type = "forbidden"
+    status = 403
+
+
+class NotFound(SessionMemError):
+    error_type = "not_found"
+    status = 404
+
+
+class VersionConflict(SessionMemError):
+    error_type = "version_conflict"
+    status = 412
+
+
+class PayloadTooLarge(SessionMemError):
+    error_type = "payload_too_large"
+    status = 413
+
+
+class BackendUnavailable(SessionMemError):
+    """The memory backend (Valkey, or the proxy seen from the launcher) cannot be reached in time."""
+
+    error_type = "backend_unavailable"
+    status = 503
+
+
+class AuthUnavailable(SessionMemError):
+    """The identity service (TokenReview) cannot be reached: we fail closed."""
+
+    error_type = "auth_unavailable"
+    status = 503
+
+
+def error_body(error_type: str, message: str) -> bytes:
+    return orjson.dumps({"error": {"type": error_type, "message": message}})
+
+
+_BY_TYPE: dict[str, type[SessionMemError]] = {}
+
+
+def _register(cls: type[SessionMemError]) -> None:
+    _BY_TYPE[cls.error_type] = cls
+    for sub in cls.__subclasses__():
+        _register(sub)
+
+
+_register(SessionMemError)
+
+
+def from_wire(status: int, body: bytes) -> SessionMemError:
+    """Rebuild a typed error from a response body, so a client re-raises what the server raised."""
+    try:
+        err = orjson.loads(body)["error"]
+        error_type, message = str(err["type"]), str(err["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        error_type, message = "", body[:200].decode("utf-8", "replace")
+    cls = _BY_TYPE.get(error_type)
+    if cls is None:
+        exc = SessionMemError(message or f"HTTP {status}")
+        exc.status = status
+        exc.error_type = error_type or "internal"
+        return exc
+    return cls(message)

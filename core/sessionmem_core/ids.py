@@ -1,0 +1,67 @@
+"""The identifier rules: conversation ids, message ids, Kubernetes names.
+
+A conversation id becomes part of a Valkey key and of a URL path, so this is the key/path-injection
+guard: non-empty, at most 128 characters, none of ``/``, ``:``, whitespace or control characters.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+from sessionmem_core.errors import InvalidConversationId, InvalidMessageId, InvalidRequest
+
+MAX_ID_LENGTH = 128
+
+# Rejected anywhere in an id: the key separators, every Unicode whitespace and every control
+# character (C0, DEL, C1). \s covers the Unicode whitespace set in Python's re.
+_FORBIDDEN = re.compile(r"[/:\s\x00-\x1f\x7f-\x9f]")
+
+
+def _id_problem(value: str) -> str | None:
+    if not value:
+        return "must not be empty"
+    if len(value) > MAX_ID_LENGTH:
+        return f"must be at most {MAX_ID_LENGTH} characters (got {len(value)})"
+    bad = _FORBIDDEN.search(value)
+    if bad is not None:
+        return f"must not contain {bad.group()!r} ('/', ':', whitespace and control characters are not allowed)"
+    return None
+
+
+def validate_conversation_id(value: str) -> str:
+    problem = _id_problem(value)
+    if problem is not None:
+        raise InvalidConversationId(f"conversationId {problem}")
+    return value
+
+
+def validate_message_id(value: str) -> str:
+    problem = _id_problem(value)
+    if problem is not None:
+        raise InvalidMessageId(f"message id {problem}")
+    return value
+
+
+def is_valid_id(value: str) -> bool:
+    return _id_problem(value) is None
+
+
+def new_conversation_id() -> str:
+    """A random opaque conversation id that satisfies the rule (URL-safe, 22 characters)."""
+    return secrets.token_urlsafe(16)
+
+
+def new_message_id() -> str:
+    return secrets.token_urlsafe(12)
+
+
+# RFC 1123 label: what Kubernetes accepts for namespaces and most object names.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL_MAX = 63
+
+
+def validate_dns_label(value: str, what: str) -> str:
+    if len(value) > DNS_LABEL_MAX or not _DNS_LABEL.match(value):
+        raise InvalidRequest(f"{what} {value!r} is not a valid DNS-1123 label")
+    return value

@@ -1,0 +1,84 @@
+"""The Valkey key layout (DESIGN.md section 4). Only the proxy (or a direct-mode launcher) builds keys,
+always through this module, from a verified identity and a validated conversation id.
+
+- session scope: ``mem:{namespace}/{agent}:{conversationId}``
+- shared scope:  ``mem:shared:{registry}:{conversationId}``
+- perUser:       ``mem:{namespace}/{agent}:u:{bucket}:{conversationId}``
+
+Conversation ids never contain ``:`` or ``/``, so the three layouts cannot collide: a session key has
+exactly two colons and one slash, a perUser key four colons and one slash, a shared key no slash.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sessionmem_core.ids import validate_conversation_id, validate_dns_label
+
+KEY_PREFIX = "mem:"
+
+
+class Scope(StrEnum):
+    SESSION = "session"
+    SHARED = "shared"
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Whose memory a key belongs to: always derived from a verified identity, never from the body."""
+
+    namespace: str
+    agent: str
+
+    def __post_init__(self) -> None:
+        validate_dns_label(self.namespace, "namespace")
+        validate_dns_label(self.agent, "agent name")
+
+    @property
+    def author(self) -> str:
+        return f"{self.namespace}/{self.agent}"
+
+
+_BUCKET = re.compile(r"^[0-9a-f]{32}$")
+
+
+def session_prefix(owner: Owner) -> str:
+    return f"{KEY_PREFIX}{owner.namespace}/{owner.agent}:"
+
+
+def shared_prefix(registry: str) -> str:
+    return f"{KEY_PREFIX}shared:{validate_dns_label(registry, 'registry name')}:"
+
+
+def per_user_prefix(owner: Owner, bucket: str) -> str:
+    if not _BUCKET.match(bucket):
+        raise ValueError("a user bucket is 32 lowercase hex characters derived by the proxy")
+    return f"{session_prefix(owner)}u:{bucket}:"
+
+
+def session_key(owner: Owner, conversation_id: str) -> str:
+    return session_prefix(owner) + validate_conversation_id(conversation_id)
+
+
+def shared_key(registry: str, conversation_id: str) -> str:
+    return shared_prefix(registry) + validate_conversation_id(conversation_id)
+
+
+def per_user_key(owner: Owner, bucket: str, conversation_id: str) -> str:
+    return per_user_prefix(owner, bucket) + validate_conversation_id(conversation_id)
+
+
+_ID = r"[^/:\s\x00-\x1f\x7f-\x9f]{1,128}"
+_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_LAYOUTS = (
+    re.compile(rf"^mem:(?P<namespace>{_LABEL})/(?P<agent>{_LABEL}):(?P<cid>{_ID})$"),
+    re.compile(rf"^mem:shared:(?P<registry>{_LABEL}):(?P<cid>{_ID})$"),
+    re.compile(rf"^mem:(?P<namespace>{_LABEL})/(?P<agent>{_LABEL}):u:(?P<bucket>[0-9a-f]{{32}}):(?P<cid>{_ID})$"),
+)
+
+
+def matches_layout(key: str) -> bool:
+    """True when ``key`` is one of the three layouts above (used to audit a Valkey keyspace)."""
+    return any(layout.match(key) for layout in _LAYOUTS)

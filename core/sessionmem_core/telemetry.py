@@ -1,0 +1,126 @@
+"""The ``memory.<op>`` spans every component emits, and tracer set-up.
+
+A tracer provider is passed in explicitly (dependency injection) instead of being set globally, so
+frameworks that instrument themselves when a global provider exists stay quiet: the spans we emit are
+the ones we mean. Without ``OTEL_EXPORTER_OTLP_ENDPOINT`` nothing is exported and the tracer is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from sessionmem_core import env
+from sessionmem_core.errors import SessionMemError
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+ATTR_SCOPE = "memory.scope"
+ATTR_ENTRIES = "memory.entries"
+ATTR_VERSION = "memory.version"
+ATTR_OUTCOME = "memory.outcome"
+ATTR_LATENCY_MS = "memory.latency_ms"
+ATTR_CONVERSATION = "memory.conversation_id"
+ATTR_COMPONENT = "memory.component"
+
+
+def tracer_provider_from_env(service_name: str, environ: Mapping[str, str] | None = None) -> TracerProvider:
+    environ = os.environ if environ is None else environ
+    if not environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT):
+        return trace.NoOpTracerProvider()
+    # Imported here: the SDK and exporter cost start-up time and memory a pod without OTLP never needs.
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = SdkTracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    return provider
+
+
+def parent_context(traceparent: str | None, tracestate: str | None = None) -> Context | None:
+    if not traceparent:
+        return None
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    return _PROPAGATOR.extract(carrier)
+
+
+def inject_traceparent(headers: dict[str, str]) -> None:
+    """Write the current span's context into outgoing headers."""
+    _PROPAGATOR.inject(headers)
+
+
+class MemorySpan:
+    """Collects the attributes of one memory operation while it runs."""
+
+    __slots__ = ("_span", "entries", "outcome", "scope", "version")
+
+    def __init__(self, span: trace.Span) -> None:
+        self._span = span
+        self.scope: str | None = None
+        self.entries: int | None = None
+        self.version: int | None = None
+        self.outcome: str | None = None
+
+    def fail(self, outcome: str) -> None:
+        """Mark an operation failed that returned an error answer instead of raising one."""
+        self.outcome = outcome
+        self._span.set_status(Status(StatusCode.ERROR, outcome))
+
+    def set(self, key: str, value: Any) -> None:
+        self._span.set_attribute(key, value)
+
+
+class MemoryTracer:
+    def __init__(self, provider: TracerProvider, component: str) -> None:
+        self._tracer: Tracer = provider.get_tracer("sessionmem")
+        self._component = component
+        self.recording = not isinstance(provider, trace.NoOpTracerProvider)
+
+    @contextmanager
+    def span(
+        self, op: str, conversation_id: str, traceparent: str | None, tracestate: str | None = None
+    ) -> Iterator[MemorySpan]:
+        started = time.perf_counter()
+        with self._tracer.start_as_current_span(
+            f"memory.{op}",
+            context=parent_context(traceparent, tracestate),
+            kind=SpanKind.SERVER,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            memory_span = MemorySpan(span)
+            outcome = "ok"
+            try:
+                yield memory_span
+            except SessionMemError as exc:
+                outcome = exc.error_type
+                span.set_status(Status(StatusCode.ERROR, exc.message))
+                raise
+            except BaseException as exc:
+                outcome = "internal"
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                raise
+            finally:
+                if span.is_recording():
+                    span.set_attribute(ATTR_COMPONENT, self._component)
+                    span.set_attribute(ATTR_CONVERSATION, conversation_id)
+                    span.set_attribute(ATTR_OUTCOME, memory_span.outcome or outcome)
+                    span.set_attribute(ATTR_LATENCY_MS, (time.perf_counter() - started) * 1000.0)
+                    if memory_span.scope is not None:
+                        span.set_attribute(ATTR_SCOPE, memory_span.scope)
+                    if memory_span.entries is not None:
+                        span.set_attribute(ATTR_ENTRIES, memory_span.entries)
+                    if memory_span.version is not None:
+                        span.set_attribute(ATTR_VERSION, memory_span.version)

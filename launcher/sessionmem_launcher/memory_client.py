@@ -1,0 +1,145 @@
+"""How the launcher reaches memory: the proxy over HTTP with the pod's token, or, when no proxy is
+configured, the proxy's own routes in-process over a direct Valkey connection (the same code path, so
+the two modes cannot drift apart)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlencode
+
+import httpx
+
+from sessionmem_core import wire
+from sessionmem_core.env import VALKEY_URL, LauncherSettings
+from sessionmem_core.errors import BackendUnavailable
+from sessionmem_core.telemetry import inject_traceparent
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryResponse:
+    status: int
+    body: bytes
+    scope: str | None
+    entries: int | None
+    version: int | None
+
+
+def _int_header(headers: httpx.Headers, name: str) -> int | None:
+    value = headers.get(name)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+class MemoryClient:
+    def __init__(
+        self,
+        settings: LauncherSettings,
+        *,
+        base_url: str,
+        transport: httpx.AsyncBaseTransport | None = None,
+        send_token: bool = True,
+        propagate_current_span: bool = True,
+    ) -> None:
+        self._settings = settings
+        self._token_path = Path(settings.token_path)
+        self._send_token = send_token
+        self._propagate_current_span = propagate_current_span
+        self._timeout = settings.proxy_timeout_seconds
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            transport=transport,
+            timeout=httpx.Timeout(self._timeout),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+
+    def _write_params(self) -> list[tuple[str, str]]:
+        return [
+            (wire.SCOPE_PARAM, self._settings.scope),
+            (wire.CAP_PARAM, str(self._settings.cap)),
+            (wire.TTL_PARAM, str(self._settings.ttl_seconds)),
+        ]
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]],
+        body: bytes | None,
+        *,
+        capability: str | None,
+        traceparent: str | None,
+        if_match: str | None = None,
+    ) -> MemoryResponse:
+        """Forward one memory operation. Scope, cap and TTL are the pod's configuration, whatever the
+        agent passed; the identity is the pod's token, re-read on every call (the kubelet rotates it)."""
+        params = [(k, v) for k, v in query if k not in (wire.SCOPE_PARAM, wire.CAP_PARAM, wire.TTL_PARAM)]
+        params += self._write_params() if method in ("POST", "PUT") else [(wire.SCOPE_PARAM, self._settings.scope)]
+        headers: dict[str, str] = {"content-type": "application/json"}
+        if self._send_token:
+            headers["authorization"] = f"Bearer {self._read_token()}"
+        if capability is not None:
+            headers[wire.USER_CAPABILITY_HEADER] = capability
+        if if_match is not None:
+            headers["if-match"] = if_match
+        if self._propagate_current_span:
+            inject_traceparent(headers)
+        if "traceparent" not in headers and traceparent:
+            headers["traceparent"] = traceparent
+        url = f"{path}?{urlencode(params)}"
+        try:
+            async with asyncio.timeout(self._timeout):
+                response = await self._http.request(method, url, content=body, headers=headers)
+                content = response.content
+        except (httpx.HTTPError, OSError, TimeoutError) as exc:
+            raise BackendUnavailable(f"memory proxy unreachable: {type(exc).__name__}") from exc
+        return MemoryResponse(
+            status=response.status_code,
+            body=content,
+            scope=response.headers.get(wire.SCOPE_HEADER),
+            entries=_int_header(response.headers, wire.ENTRIES_HEADER),
+            version=_int_header(response.headers, wire.VERSION_HEADER),
+        )
+
+    def _read_token(self) -> str:
+        try:
+            return self._token_path.read_text().strip()
+        except OSError as exc:
+            raise BackendUnavailable(f"pod token {self._token_path} is not readable") from exc
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def memory_client_from_settings(settings: LauncherSettings) -> MemoryClient:
+    if settings.proxy_url:
+        return MemoryClient(settings, base_url=settings.proxy_url)
+    if settings.backend_addr:
+        return _direct_client(settings)
+    raise ValueError("the launcher needs a proxy URL or a backend address")
+
+
+def _direct_client(settings: LauncherSettings) -> MemoryClient:
+    # Imported only in direct mode: a launcher behind the proxy never loads FastAPI.
+    from opentelemetry.trace import NoOpTracerProvider
+
+    from sessionmem_core.env import ProxySettings
+    from sessionmem_core.keys import Owner
+    from sessionmem_proxy.app import create_app
+    from sessionmem_proxy.identity import AgentIdentity, FixedIdentityAuthenticator
+
+    proxy_settings = ProxySettings.from_env({VALKEY_URL: f"valkey://{settings.backend_addr}/0"})
+    identity = AgentIdentity(owner=Owner(namespace=settings.namespace, agent=settings.agent))
+    # The launcher already traces each operation; the in-process routes must not add a second span.
+    app = create_app(
+        proxy_settings,
+        authenticator=FixedIdentityAuthenticator(identity),
+        tracer_provider=NoOpTracerProvider(),
+    )
+    return MemoryClient(
+        settings,
+        base_url="http://direct",
+        transport=httpx.ASGITransport(app=app),
+        send_token=False,
+        propagate_current_span=False,
+    )

@@ -1,0 +1,370 @@
+"""The proxy's FastAPI app factory: one place that wires settings, the Valkey store, the authenticator
+and the tracer into the routes. Nothing is global; tests build apps with their own parts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse, Response
+from opentelemetry.trace import TracerProvider
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sessionmem_core import env, wire
+from sessionmem_core.env import ProxySettings
+from sessionmem_core.errors import InvalidRequest, SessionMemError, error_body
+from sessionmem_core.ids import validate_conversation_id
+from sessionmem_core.keys import Scope
+from sessionmem_core.store import ConversationStore, NewEntry, connect, search_entries
+from sessionmem_core.telemetry import MemoryTracer, tracer_provider_from_env
+from sessionmem_proxy.identity import AgentIdentity, Authenticator, DevAuthenticator, bearer_token
+from sessionmem_proxy.keying import resolve_key
+from sessionmem_proxy.limits import BodySizeLimit
+from sessionmem_proxy.metrics import ProxyMetrics
+
+JSON = "application/json"
+
+
+@dataclass
+class ProxyContext:
+    settings: ProxySettings
+    store: ConversationStore
+    authenticator: Authenticator
+    tracer: MemoryTracer
+    metrics: ProxyMetrics
+
+
+def _context(request: Request) -> ProxyContext:
+    ctx: ProxyContext = request.app.state.ctx
+    return ctx
+
+
+Ctx = Annotated[ProxyContext, Depends(_context)]
+ConversationIdPath = Annotated[
+    str, Path(description="Conversation id: 1-128 chars, no '/', ':', whitespace or control")
+]
+CapQuery = Annotated[
+    int, Query(alias=wire.CAP_PARAM, ge=1, le=env.MAX_CAP, description="Entries kept (LTRIM) after this write")
+]
+TtlQuery = Annotated[
+    int, Query(alias=wire.TTL_PARAM, ge=1, le=env.MAX_TTL_SECONDS, description="TTL in seconds this write refreshes")
+]
+ScopeQuery = Annotated[Scope, Query(description="Requested scope; shared applies only to verified registry members")]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": wire.ErrorResponse, "description": text}
+    for status, text in {
+        400: "Bad conversation id or body",
+        401: "Missing, invalid or expired token",
+        403: "Token is not an agent identity",
+        413: "Body over 1 MiB",
+        503: "Backend or identity service unavailable",
+    }.items()
+}
+
+
+def _json(body: bytes, status: int = 200) -> Response:
+    return Response(content=body, status_code=status, media_type=JSON)
+
+
+def _memory_json(body: bytes, scope: str, entries: int, version: int | None) -> Response:
+    headers = {wire.SCOPE_HEADER: scope, wire.ENTRIES_HEADER: str(entries)}
+    if version is not None:
+        headers[wire.VERSION_HEADER] = str(version)
+    return Response(content=body, media_type=JSON, headers=headers)
+
+
+async def _identify(ctx: ProxyContext, authorization: str | None) -> AgentIdentity:
+    return await ctx.authenticator.authenticate(bearer_token(authorization))
+
+
+def create_app(
+    settings: ProxySettings | None = None,
+    *,
+    store: ConversationStore | None = None,
+    authenticator: Authenticator | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> FastAPI:
+    settings = settings or ProxySettings.from_env()
+    owned_client = None
+    if store is None:
+        owned_client = connect(settings.valkey_url, settings.valkey_timeout_seconds)
+        store = ConversationStore(owned_client)
+    if authenticator is None:
+        authenticator = default_authenticator(settings)
+    ctx = ProxyContext(
+        settings=settings,
+        store=store,
+        authenticator=authenticator,
+        tracer=MemoryTracer(tracer_provider or tracer_provider_from_env("sessionmem-proxy"), "proxy"),
+        metrics=ProxyMetrics(),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await ctx.authenticator.aclose()
+            if owned_client is not None:
+                await owned_client.aclose()
+
+    app = FastAPI(
+        title="sessionmem state-layer proxy",
+        version="1",
+        description="Conversation memory for agents: authenticated, keyed server-side, stored in Valkey.",
+        lifespan=lifespan,
+        responses=_ERRORS,
+    )
+    app.state.ctx = ctx
+    app.add_middleware(BodySizeLimit, max_bytes=env.MAX_BODY_BYTES)
+    _install_error_handlers(app)
+    _install_routes(app)
+    return app
+
+
+def default_authenticator(settings: ProxySettings) -> Authenticator:
+    if settings.auth_mode == "dev":
+        return DevAuthenticator()
+    from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
+
+    return TokenReviewAuthenticator.from_settings(settings)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(SessionMemError)
+    async def on_sessionmem_error(_: Request, exc: SessionMemError) -> Response:
+        return _json(exc.body(), exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(_: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err.get('loc', ()))}: {err.get('msg', 'invalid')}" for err in exc.errors()[:5]
+        )
+        return _json(error_body(InvalidRequest.error_type, problems or "invalid request"), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            # The router's path pattern cannot match some bad ids (a newline, say); the id rule names them.
+            try:
+                validate_conversation_id(wire.memory_route(request.method, request.scope["path"])[1])
+            except SessionMemError as error:
+                return _json(error.body(), error.status)
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _json(error_body(kind, str(exc.detail)), exc.status_code)
+
+
+def _install_routes(app: FastAPI) -> None:
+    prefix = wire.API_PREFIX
+
+    @app.get("/healthz", response_model=wire.Health, tags=["health"])
+    async def healthz() -> Response:
+        return _json(b'{"status":"ok"}')
+
+    @app.get("/readyz", response_model=wire.Health, tags=["health"])
+    async def readyz(ctx: Ctx) -> Response:
+        await ctx.store.ping()
+        return _json(b'{"status":"ready"}')
+
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["health"])
+    async def metrics(ctx: Ctx) -> PlainTextResponse:
+        return PlainTextResponse(ctx.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get(
+        f"{prefix}/conversations/{{conversation_id:path}}/entries",
+        response_model=wire.History,
+        tags=["memory"],
+        summary="Read the last entries of a conversation",
+    )
+    async def read_entries(
+        ctx: Ctx,
+        conversation_id: ConversationIdPath,
+        limit: Annotated[int, Query(ge=0, le=env.MAX_READ_LIMIT)] = env.DEFAULT_REPLAY_MESSAGES,
+        scope: ScopeQuery = Scope.SESSION,
+        authorization: Annotated[str | None, Header()] = None,
+        traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
+        x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
+    ) -> Response:
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            with ctx.tracer.span("get", conversation_id, traceparent) as span:
+                validate_conversation_id(conversation_id)
+                identity = await _identify(ctx, authorization)
+                key, scope_used = resolve_key(identity, scope, conversation_id, x_sessionmem_user_capability)
+                result = await ctx.store.read(key, limit)
+                span.scope, span.entries, span.version = scope_used, len(result.raw_entries), result.version
+                body = b"".join(
+                    (
+                        b'{"conversationId":"',
+                        conversation_id.encode(),
+                        b'","scope":"',
+                        scope_used.encode(),
+                        b'","version":',
+                        str(result.version).encode(),
+                        b',"entries":',
+                        result.entries_json(),
+                        b"}",
+                    )
+                )
+                return _memory_json(body, scope_used, len(result.raw_entries), result.version)
+        except SessionMemError as exc:
+            outcome = exc.error_type
+            raise
+        finally:
+            ctx.metrics.observe("get", outcome, (time.perf_counter() - started) * 1000.0)
+
+    @app.post(
+        f"{prefix}/conversations/{{conversation_id:path}}/entries",
+        response_model=wire.AppendResponse,
+        tags=["memory"],
+        summary="Append a batch (normally one user/assistant exchange) atomically",
+    )
+    async def append_entries(
+        ctx: Ctx,
+        conversation_id: ConversationIdPath,
+        body: wire.AppendRequest,
+        scope: ScopeQuery = Scope.SESSION,
+        cap: CapQuery = env.DEFAULT_CAP,
+        ttl_seconds: TtlQuery = env.DEFAULT_TTL_SECONDS,
+        authorization: Annotated[str | None, Header()] = None,
+        traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
+        x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
+    ) -> Response:
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            with ctx.tracer.span("append", conversation_id, traceparent) as span:
+                validate_conversation_id(conversation_id)
+                identity = await _identify(ctx, authorization)
+                key, scope_used = resolve_key(identity, scope, conversation_id, x_sessionmem_user_capability)
+                result = await ctx.store.append(
+                    key,
+                    [NewEntry(role=e.role.value, content=e.content, id=e.id) for e in body.entries],
+                    author=identity.owner.author,
+                    cap=cap,
+                    ttl_seconds=ttl_seconds,
+                )
+                span.scope, span.entries, span.version = scope_used, result.stored, result.version
+                duplicate = b"true" if result.duplicate else b"false"
+                return _memory_json(
+                    b'{"version":%d,"stored":%d,"duplicate":%s,"scope":"%s"}'
+                    % (result.version, result.stored, duplicate, scope_used.encode()),
+                    scope_used,
+                    result.stored,
+                    result.version,
+                )
+        except SessionMemError as exc:
+            outcome = exc.error_type
+            raise
+        finally:
+            ctx.metrics.observe("append", outcome, (time.perf_counter() - started) * 1000.0)
+
+    @app.get(
+        f"{prefix}/conversations/{{conversation_id:path}}/search",
+        response_model=wire.SearchResponse,
+        tags=["memory"],
+        summary="Keyword search within one conversation",
+    )
+    async def search(
+        ctx: Ctx,
+        conversation_id: ConversationIdPath,
+        q: Annotated[str, Query(min_length=1, max_length=1024)],
+        limit: Annotated[int, Query(ge=1, le=100)] = 10,
+        scope: ScopeQuery = Scope.SESSION,
+        authorization: Annotated[str | None, Header()] = None,
+        traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
+        x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
+    ) -> Response:
+        with ctx.tracer.span("search", conversation_id, traceparent) as span:
+            validate_conversation_id(conversation_id)
+            identity = await _identify(ctx, authorization)
+            key, scope_used = resolve_key(identity, scope, conversation_id, x_sessionmem_user_capability)
+            result = await ctx.store.read_all(key)
+            matches = search_entries(result.raw_entries, q, limit)
+            span.scope, span.entries, span.version = scope_used, len(matches), result.version
+            response = wire.SearchResponse(
+                conversationId=conversation_id,
+                scope=scope_used,
+                query=q,
+                matches=[wire.Entry.model_validate(m) for m in matches],
+            )
+            return _memory_json(
+                response.model_dump_json(by_alias=True).encode(), scope_used, len(matches), result.version
+            )
+
+    @app.put(
+        f"{prefix}/conversations/{{conversation_id:path}}",
+        response_model=wire.ReplaceResponse,
+        tags=["memory"],
+        summary="Replace (seed) a conversation, conditional on its version",
+        responses={412: {"model": wire.ErrorResponse, "description": "If-Match does not match the version"}},
+    )
+    async def replace(
+        ctx: Ctx,
+        conversation_id: ConversationIdPath,
+        body: wire.ReplaceRequest,
+        if_match: Annotated[
+            str | None, Header(description="Expected version (as returned by a read); '*' or absent: any")
+        ] = None,
+        scope: ScopeQuery = Scope.SESSION,
+        cap: CapQuery = env.DEFAULT_CAP,
+        ttl_seconds: TtlQuery = env.DEFAULT_TTL_SECONDS,
+        authorization: Annotated[str | None, Header()] = None,
+        traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
+        x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
+    ) -> Response:
+        with ctx.tracer.span("replace", conversation_id, traceparent) as span:
+            validate_conversation_id(conversation_id)
+            expected = _parse_if_match(if_match)
+            identity = await _identify(ctx, authorization)
+            key, scope_used = resolve_key(identity, scope, conversation_id, x_sessionmem_user_capability)
+            result = await ctx.store.replace(
+                key,
+                [NewEntry(role=e.role.value, content=e.content, id=e.id) for e in body.entries],
+                author=identity.owner.author,
+                expected_version=expected,
+                cap=cap,
+                ttl_seconds=ttl_seconds,
+            )
+            span.scope, span.entries, span.version = scope_used, result.stored, result.version
+            response = wire.ReplaceResponse(version=result.version, stored=result.stored, scope=scope_used)
+            return _memory_json(response.model_dump_json().encode(), scope_used, result.stored, result.version)
+
+    @app.delete(
+        f"{prefix}/conversations/{{conversation_id:path}}",
+        response_model=wire.DeleteResponse,
+        tags=["memory"],
+        summary="Erase a conversation",
+    )
+    async def delete(
+        ctx: Ctx,
+        conversation_id: ConversationIdPath,
+        scope: ScopeQuery = Scope.SESSION,
+        authorization: Annotated[str | None, Header()] = None,
+        traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
+        x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
+    ) -> Response:
+        with ctx.tracer.span("delete", conversation_id, traceparent) as span:
+            validate_conversation_id(conversation_id)
+            identity = await _identify(ctx, authorization)
+            key, scope_used = resolve_key(identity, scope, conversation_id, x_sessionmem_user_capability)
+            removed = await ctx.store.delete(key)
+            span.scope, span.entries = scope_used, removed
+            response = wire.DeleteResponse(deleted=removed > 0, entries=removed, scope=scope_used)
+            return _memory_json(response.model_dump_json().encode(), scope_used, removed, None)
+
+
+def _parse_if_match(if_match: str | None) -> int | None:
+    if if_match is None or if_match.strip() in ("", "*"):
+        return None
+    value = if_match.strip().removeprefix("W/").strip('"')
+    if not value.isdigit():
+        raise InvalidRequest("If-Match must be a version number, or '*'")
+    return int(value)

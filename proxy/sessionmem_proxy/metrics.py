@@ -1,0 +1,47 @@
+"""Prometheus text exposition of the proxy's request counters and latencies (no client library needed
+for a handful of series)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+_BUCKETS_MS = (0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0)
+
+
+class ProxyMetrics:
+    def __init__(self) -> None:
+        self._requests: dict[tuple[str, str], int] = defaultdict(int)
+        self._latency_buckets: dict[str, list[int]] = defaultdict(lambda: [0] * (len(_BUCKETS_MS) + 1))
+        self._latency_sum_ms: dict[str, float] = defaultdict(float)
+
+    def observe(self, op: str, outcome: str, latency_ms: float) -> None:
+        self._requests[(op, outcome)] += 1
+        buckets = self._latency_buckets[op]
+        for i, bound in enumerate(_BUCKETS_MS):
+            if latency_ms <= bound:
+                buckets[i] += 1
+                break
+        else:
+            buckets[-1] += 1
+        self._latency_sum_ms[op] += latency_ms
+
+    def render(self) -> str:
+        lines = [
+            "# HELP sessionmem_proxy_requests_total Memory operations served, by operation and outcome.",
+            "# TYPE sessionmem_proxy_requests_total counter",
+        ]
+        for (op, outcome), count in sorted(self._requests.items()):
+            lines.append(f'sessionmem_proxy_requests_total{{op="{op}",outcome="{outcome}"}} {count}')
+        lines += [
+            "# HELP sessionmem_proxy_latency_ms Memory operation latency in milliseconds.",
+            "# TYPE sessionmem_proxy_latency_ms histogram",
+        ]
+        for op, buckets in sorted(self._latency_buckets.items()):
+            cumulative = 0
+            for bound, count in zip((*_BUCKETS_MS, float("inf")), buckets, strict=True):
+                cumulative += count
+                le = "+Inf" if bound == float("inf") else repr(bound)
+                lines.append(f'sessionmem_proxy_latency_ms_bucket{{op="{op}",le="{le}"}} {cumulative}')
+            lines.append(f'sessionmem_proxy_latency_ms_sum{{op="{op}"}} {self._latency_sum_ms[op]:.3f}')
+            lines.append(f'sessionmem_proxy_latency_ms_count{{op="{op}"}} {cumulative}')
+        return "\n".join(lines) + "\n"

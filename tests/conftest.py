@@ -1,0 +1,70 @@
+"""Shared fixtures: a real valkey-server, the real proxy process in dev-identity mode, and a launcher
+running in the test's event loop (so its spans can be captured in memory)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from sessionmem_core import env
+from sessionmem_core.env import LauncherSettings
+from sessionmem_launcher.server import Launcher
+from sessionmem_proxy.identity import dev_token
+from tests.support.processes import ServiceProcess
+from tests.support.valkey import ValkeyProcess, free_port
+
+
+@pytest.fixture
+def valkey_server() -> Iterator[ValkeyProcess]:
+    server = ValkeyProcess()
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def proxy_process(valkey_server: ValkeyProcess) -> Iterator[ServiceProcess]:
+    port = free_port()
+    proc = ServiceProcess(
+        "sessionmem_proxy",
+        {
+            env.VALKEY_URL: valkey_server.url,
+            env.AUTH_MODE: "dev",
+            env.PROXY_HOST: "127.0.0.1",
+            env.PROXY_PORT: str(port),
+        },
+        port,
+    )
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def dev_token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text(dev_token("team-a", "support-agent"))
+    return path
+
+
+def launcher_settings(proxy: str, token_file: Path, **overrides: str) -> LauncherSettings:
+    values = {
+        env.PROXY_URL: proxy,
+        env.TOKEN_PATH: str(token_file),
+        env.NAMESPACE: "team-a",
+        env.AGENT: "support-agent",
+        env.LAUNCHER_PORT: "0",
+        env.SERVE_PORT: "0",
+        **overrides,
+    }
+    return LauncherSettings.from_env(values)
+
+
+@pytest.fixture
+async def launcher(proxy_process: ServiceProcess, dev_token_file: Path) -> AsyncIterator[Launcher]:
+    instance = Launcher(launcher_settings(proxy_process.base_url, dev_token_file), serve_host="127.0.0.1")
+    await instance.start()
+    yield instance
+    await instance.stop()

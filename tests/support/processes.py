@@ -1,0 +1,62 @@
+"""The proxy and the launcher as the real processes users run, for end-to-end tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+
+
+class ServiceProcess:
+    def __init__(self, module: str, env: Mapping[str, str], port: int, health_path: str = "/healthz") -> None:
+        self.module = module
+        self.env = {**os.environ, **env}
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.health_url = self.base_url + health_path
+        self.log_path = Path(tempfile.mkstemp(prefix=f"{module}-", suffix=".log")[1])
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", self.module],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"{self.module} exited:\n{self.log_path.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.health_url, timeout=1).status_code == 200:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.module} did not become healthy:\n{self.log_path.read_text()[-3000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self._proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, sig)
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+        self._proc = None
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
