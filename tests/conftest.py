@@ -3,10 +3,18 @@ running in the test's event loop (so its spans can be captured in memory)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import uvicorn
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from sessionmem_demo.agent import app as agent_app
 
 from sessionmem_core import env
 from sessionmem_core.env import LauncherSettings
@@ -63,8 +71,30 @@ def launcher_settings(proxy: str, token_file: Path, **overrides: str) -> Launche
 
 
 @pytest.fixture
-async def launcher(proxy_process: ServiceProcess, dev_token_file: Path) -> AsyncIterator[Launcher]:
-    instance = Launcher(launcher_settings(proxy_process.base_url, dev_token_file), serve_host="127.0.0.1")
+def span_exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+async def demo_agent() -> AsyncIterator[int]:
+    """The demo agent on a free port, in the test's event loop; yields its port."""
+    server = uvicorn.Server(uvicorn.Config(agent_app, host="127.0.0.1", port=0, lifespan="off", log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.005)
+    yield int(server.servers[0].sockets[0].getsockname()[1])
+    server.should_exit = True
+    await task
+
+
+@pytest.fixture
+async def launcher(
+    proxy_process: ServiceProcess, dev_token_file: Path, demo_agent: int, span_exporter: InMemorySpanExporter
+) -> AsyncIterator[Launcher]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(span_exporter))
+    settings = launcher_settings(proxy_process.base_url, dev_token_file, **{env.AGENT_PORT: str(demo_agent)})
+    instance = Launcher(settings, tracer_provider=provider, serve_host="127.0.0.1")
     await instance.start()
     yield instance
     await instance.stop()

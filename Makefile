@@ -1,0 +1,48 @@
+# sessionmem: `make run` (the local stack) and `make test` (everything CI runs) set themselves up.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint typecheck unit integration bench soak envtest clean
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	@$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	@touch $(STAMP)
+
+## The main job: embedded Valkey, proxy, launcher and a demo agent; a conversation survives a cold restart.
+run: $(STAMP)
+	@$(PY) -m sessionmem_demo.stack
+
+## Everything: lint, types, unit tests, and integration tests against real valkey-server and kube-apiserver.
+test: $(STAMP) lint typecheck
+	@$(PY) -m pytest
+
+lint: $(STAMP)
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	@$(VENV)/bin/mypy core proxy launcher operator demo tests bench
+
+unit: $(STAMP)
+	@$(PY) -m pytest -m "not integration"
+
+integration: $(STAMP)
+	@$(PY) -m pytest -m integration
+
+## Builds (once, cached per user) kube-apiserver, kube-controller-manager and etcd for the integration tests.
+envtest:
+	@bash tools/envtest/ensure-binaries.sh
+
+bench: $(STAMP)
+	@$(PY) -m bench
+
+soak: $(STAMP)
+	@$(PY) -m bench.soak
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

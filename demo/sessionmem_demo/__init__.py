@@ -1,0 +1,1 @@
+"""The demo agent and the local stack that `make run` starts."""

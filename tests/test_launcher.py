@@ -1,0 +1,169 @@
+"""The launcher between an agent and the real proxy: forwarding with the pod's identity, typed errors,
+fail-open managed loop, and exactly one ``memory.*`` span per operation under the caller's trace."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import orjson
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from sessionmem_core.keys import Owner, session_key
+from sessionmem_launcher.server import Launcher
+from tests.support.valkey import ValkeyProcess
+from tests.test_proxy import BAD_IDS, exchange
+
+OWNER = Owner(namespace="team-a", agent="support-agent")
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+
+
+def memory_url(launcher: Launcher) -> str:
+    return f"http://127.0.0.1:{launcher.memory_port}"
+
+
+def serve_url(launcher: Launcher) -> str:
+    return f"http://127.0.0.1:{launcher.serve_port}"
+
+
+@pytest.mark.parametrize("bad_id", BAD_IDS.values(), ids=BAD_IDS.keys())
+async def test_every_bad_conversation_id_is_a_typed_400_at_the_launcher(launcher: Launcher, bad_id: str) -> None:
+    async with httpx.AsyncClient(base_url=memory_url(launcher)) as client:
+        for method, path in (
+            ("GET", f"/v1/conversations/{bad_id}/entries"),
+            ("POST", f"/v1/conversations/{bad_id}/entries"),
+            ("DELETE", f"/v1/conversations/{bad_id}"),
+        ):
+            body = orjson.dumps(exchange("x")) if method == "POST" else None
+            response = await client.request(method, path, content=body)
+            assert response.status_code == 400, (method, path, response.text)
+            assert response.json()["error"]["type"] == "invalid_conversation_id"
+
+
+async def test_a_bad_conversation_id_header_is_a_typed_400_in_the_managed_loop(launcher: Launcher) -> None:
+    async with httpx.AsyncClient(base_url=serve_url(launcher)) as client:
+        for bad in ("", "x" * 129, "a/b", "a:b", "a b"):
+            response = await client.post("/", json={"input": "hi"}, headers={"X-Conversation-Id": bad})
+            assert response.status_code == 400, bad
+            assert response.json()["error"]["type"] == "invalid_conversation_id"
+
+
+async def test_body_over_one_mebibyte_is_413_at_the_launcher(launcher: Launcher) -> None:
+    big = {"entries": [{"role": "user", "content": "x" * (1024 * 1024)}]}
+    async with httpx.AsyncClient(base_url=memory_url(launcher)) as client:
+        response = await client.post("/v1/conversations/big/entries", json=big)
+    assert response.status_code == 413 and response.json()["error"]["type"] == "payload_too_large"
+
+
+async def test_identity_headers_set_by_the_agent_change_nothing(
+    launcher: Launcher, valkey_server: ValkeyProcess
+) -> None:
+    forged = {
+        "Authorization": "Bearer dev:team-b/billing-agent",
+        "X-Sessionmem-Agent": "billing-agent",
+        "X-Sessionmem-Namespace": "team-b",
+        "X-User-Id": "mallory",
+    }
+    async with httpx.AsyncClient(base_url=memory_url(launcher)) as client:
+        response = await client.post("/v1/conversations/c1/entries?scope=shared", json=exchange("a"), headers=forged)
+        history = (await client.get("/v1/conversations/c1/entries", headers=forged)).json()
+    assert response.status_code == 200 and response.json()["scope"] == "session"
+    assert {e["author"] for e in history["entries"]} == {"team-a/support-agent"}
+    assert valkey_server.client().llen(session_key(OWNER, "c1")) == 2
+    assert valkey_server.client().keys("mem:team-b*") == []
+
+
+async def test_managed_loop_replays_and_appends(launcher: Launcher, valkey_server: ValkeyProcess) -> None:
+    headers = {"X-Conversation-Id": "chat-1"}
+    async with httpx.AsyncClient(base_url=serve_url(launcher)) as client:
+        first = await client.post("/invoke", json={"input": "Hello, my name is Ada"}, headers=headers)
+        second = await client.post("/invoke", json={"input": "What is my name?"}, headers=headers)
+        single_shot = await client.post("/invoke", json={"input": "What is my name?"})
+    assert first.json()["output"].startswith("Nice to meet you, Ada")
+    assert first.headers["x-sessionmem-memory"] == "ok"
+    assert second.json() == {"output": "Your name is Ada.", "historySeen": 2}
+    assert single_shot.json() == {"output": "I don't know your name yet.", "historySeen": 0}
+    stored = [orjson.loads(r) for r in valkey_server.client().lrange(session_key(OWNER, "chat-1"), 0, -1)]
+    assert [(e["role"], e["content"]) for e in stored] == [
+        ("user", "Hello, my name is Ada"),
+        ("assistant", "Nice to meet you, Ada! I'll remember that."),
+        ("user", "What is my name?"),
+        ("assistant", "Your name is Ada."),
+    ]
+    assert len(valkey_server.client().keys("mem:*")) == 1, "a turn without X-Conversation-Id stores nothing"
+
+
+async def test_valkey_stopped_gives_typed_503_fast_and_the_loop_still_answers(
+    launcher: Launcher, valkey_server: ValkeyProcess
+) -> None:
+    headers = {"X-Conversation-Id": "outage"}
+    async with httpx.AsyncClient(timeout=10) as client:
+        await client.post(f"{serve_url(launcher)}/", json={"input": "my name is Grace"}, headers=headers)
+        valkey_server.stop()
+        for method, path, body in (
+            ("GET", "/v1/conversations/outage/entries", None),
+            ("POST", "/v1/conversations/outage/entries", orjson.dumps(exchange("x"))),
+        ):
+            started = time.monotonic()
+            response = await client.request(method, memory_url(launcher) + path, content=body)
+            elapsed = time.monotonic() - started
+            assert response.status_code == 503 and response.json()["error"]["type"] == "backend_unavailable"
+            assert elapsed < 2.0, f"{method} took {elapsed:.2f}s"
+        turn = await client.post(f"{serve_url(launcher)}/", json={"input": "what is my name?"}, headers=headers)
+        assert turn.status_code == 200
+        assert turn.json()["output"] == "I don't know your name yet."
+        assert turn.headers["x-sessionmem-memory"] == "unavailable"
+
+        valkey_server.start()  # empty: this server does not persist
+        again = await client.post(f"{serve_url(launcher)}/", json={"input": "my name is Linus"}, headers=headers)
+        recalled = await client.post(f"{serve_url(launcher)}/", json={"input": "what is my name?"}, headers=headers)
+    assert again.headers["x-sessionmem-memory"] == "ok"
+    assert recalled.json()["output"] == "Your name is Linus."
+
+
+async def test_proxy_unreachable_is_a_typed_503_within_the_bound(
+    launcher: Launcher, proxy_process: object, dev_token_file: object
+) -> None:
+    from tests.support.processes import ServiceProcess
+
+    assert isinstance(proxy_process, ServiceProcess)
+    proxy_process.stop()
+    async with httpx.AsyncClient(base_url=memory_url(launcher), timeout=10) as client:
+        started = time.monotonic()
+        response = await client.get("/v1/conversations/c1/entries")
+        elapsed = time.monotonic() - started
+        turn = await client.post(f"{serve_url(launcher)}/", json={"input": "hi"}, headers={"X-Conversation-Id": "c1"})
+    assert response.status_code == 503 and response.json()["error"]["type"] == "backend_unavailable"
+    assert elapsed < 2.0
+    assert turn.status_code == 200 and turn.headers["x-sessionmem-memory"] == "unavailable"
+
+
+async def test_memory_spans_are_parented_under_the_callers_traceparent(
+    launcher: Launcher, span_exporter: InMemorySpanExporter
+) -> None:
+    headers = {"traceparent": TRACEPARENT}
+    async with httpx.AsyncClient(base_url=memory_url(launcher)) as client:
+        await client.post("/v1/conversations/traced/entries", json=exchange("a"), headers=headers)
+        await client.get("/v1/conversations/traced/entries?limit=10", headers=headers)
+    spans = span_exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["memory.append", "memory.get"], "one span per operation, no others"
+    for span in spans:
+        assert span.context is not None and span.parent is not None
+        assert format(span.context.trace_id, "032x") == TRACE_ID
+        assert format(span.parent.span_id, "016x") == "00f067aa0ba902b7"
+    append, get = (dict(s.attributes or {}) for s in spans)
+    assert append["memory.scope"] == "session" and append["memory.entries"] == 2 and append["memory.version"] == 1
+    assert append["memory.outcome"] == "ok" and append["memory.latency_ms"] > 0
+    assert get["memory.entries"] == 2 and get["memory.version"] == 1 and get["memory.outcome"] == "ok"
+
+
+async def test_managed_loop_spans_join_the_callers_trace(
+    launcher: Launcher, span_exporter: InMemorySpanExporter
+) -> None:
+    async with httpx.AsyncClient(base_url=serve_url(launcher)) as client:
+        await client.post("/", json={"input": "hi"}, headers={"X-Conversation-Id": "t2", "traceparent": TRACEPARENT})
+    spans = span_exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["memory.get", "memory.append"]
+    assert all(s.context is not None and format(s.context.trace_id, "032x") == TRACE_ID for s in spans)
