@@ -4,7 +4,6 @@ running in the test's event loop (so its spans can be captured in memory)."""
 from __future__ import annotations
 
 import asyncio
-
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -14,14 +13,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from sessionmem_demo.agent import app as agent_app
-
 from sessionmem_core import env
 from sessionmem_core.env import LauncherSettings
+from sessionmem_demo.agent import app as agent_app
 from sessionmem_launcher.server import Launcher
 from sessionmem_proxy.identity import dev_token
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess, free_port
+
+pytest_plugins = ["tests.harness.fixtures"]
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ BAD_IDS = {
     "newline": quote("a\nb"),
     "control character": quote("a\x01b"),
     "DEL": quote("a\x7fb"),
+    "dot segment": "%2E%2E",
 }
 
 

@@ -55,6 +55,13 @@ AUDIENCE = "SESSIONMEM_AUDIENCE"
 PROXY_HOST = "SESSIONMEM_PROXY_HOST"
 PROXY_PORT = "SESSIONMEM_PROXY_PORT"
 VALKEY_TIMEOUT_SECONDS = "SESSIONMEM_VALKEY_TIMEOUT_SECONDS"
+# The shared key that verifies users' run capabilities (mounted from a Secret); unset: perUser is refused.
+CAPABILITY_KEY_FILE = "SESSIONMEM_CAPABILITY_KEY_FILE"
+# Out-of-cluster API server access for TokenReview (tests, local runs); in a pod the in-cluster config is used.
+KUBE_API_SERVER = "SESSIONMEM_KUBE_API_SERVER"
+KUBE_CA_FILE = "SESSIONMEM_KUBE_CA_FILE"
+KUBE_TOKEN_FILE = "SESSIONMEM_KUBE_TOKEN_FILE"
+MEMBERSHIP_CACHE_SECONDS = "SESSIONMEM_MEMBERSHIP_CACHE_SECONDS"
 
 # --- operator side, written by the chart ---
 OPERATOR_PROXY_URL = "SESSIONMEM_OPERATOR_PROXY_URL"
@@ -160,6 +167,11 @@ class ProxySettings:
     host: str
     port: int
     valkey_timeout_seconds: float
+    capability_key_file: str | None
+    kube_api_server: str | None
+    kube_ca_file: str | None
+    kube_token_file: str | None
+    membership_cache_seconds: float
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProxySettings:
@@ -175,4 +187,9 @@ class ProxySettings:
             host=env.get(PROXY_HOST) or "0.0.0.0",
             port=_int(env, PROXY_PORT, 8000, 0, 65535),
             valkey_timeout_seconds=_float(env, VALKEY_TIMEOUT_SECONDS, 1.0),
+            capability_key_file=env.get(CAPABILITY_KEY_FILE) or None,
+            kube_api_server=env.get(KUBE_API_SERVER) or None,
+            kube_ca_file=env.get(KUBE_CA_FILE) or None,
+            kube_token_file=env.get(KUBE_TOKEN_FILE) or None,
+            membership_cache_seconds=_float(env, MEMBERSHIP_CACHE_SECONDS, 10.0),
         )

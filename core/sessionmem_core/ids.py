@@ -1,7 +1,8 @@
 """The identifier rules: conversation ids, message ids, Kubernetes names.
 
 A conversation id becomes part of a Valkey key and of a URL path, so this is the key/path-injection
-guard: non-empty, at most 128 characters, none of ``/``, ``:``, whitespace or control characters.
+guard: non-empty, at most 128 characters, none of ``/``, ``:``, whitespace or control characters, and
+not ``.`` or ``..`` (URL dot segments, which clients rewrite).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ def _id_problem(value: str) -> str | None:
     bad = _FORBIDDEN.search(value)
     if bad is not None:
         return f"must not contain {bad.group()!r} ('/', ':', whitespace and control characters are not allowed)"
+    if value in (".", ".."):
+        # URL dot segments: HTTP clients normalise them away, so such an id could never be addressed.
+        return "must not be '.' or '..'"
     return None
 
 

@@ -4,6 +4,9 @@ labels, and the rule that ties an agent to its ServiceAccount.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 GROUP = "agents.ctxmesh.ai"
 VERSION = "v1beta1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -44,3 +47,16 @@ def parse_service_account_username(username: str) -> tuple[str, str] | None:
     if len(parts) != 2 or not all(parts):
         return None
     return parts[0], parts[1]
+
+
+def registry_members(registry: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """(namespace, name) of every AgentDeployment an AgentRegistry object lists."""
+    members = (registry.get("spec") or {}).get("members") or []
+    return {(str(m.get("namespace", "")), str(m.get("name", ""))) for m in members if isinstance(m, Mapping)}
+
+
+def registry_for(namespace: str, agent: str, registries: Iterable[Mapping[str, Any]]) -> str | None:
+    """The registry whose shared scope an agent gets: the first by name among those that list it, so
+    the operator (which renders the scope) and the proxy (which enforces it) always agree."""
+    names = sorted(str(r["metadata"]["name"]) for r in registries if (namespace, agent) in registry_members(r))
+    return names[0] if names else None

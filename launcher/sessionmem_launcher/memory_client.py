@@ -13,8 +13,12 @@ import httpx
 
 from sessionmem_core import wire
 from sessionmem_core.env import VALKEY_URL, LauncherSettings
-from sessionmem_core.errors import BackendUnavailable
+from sessionmem_core.errors import BackendUnavailable, Unauthenticated
 from sessionmem_core.telemetry import inject_traceparent
+
+
+class UserCapabilityRequired(Unauthenticated):
+    error_type = "user_capability_required"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,11 @@ class MemoryClient:
     ) -> MemoryResponse:
         """Forward one memory operation. Scope, cap and TTL are the pod's configuration, whatever the
         agent passed; the identity is the pod's token, re-read on every call (the kubelet rotates it)."""
+        if self._settings.per_user and capability is None:
+            # Without the user's capability this agent's memory would mix users: refuse, never fall back.
+            raise UserCapabilityRequired(
+                f"this agent keeps memory per user: send the {wire.USER_CAPABILITY_HEADER} header"
+            )
         params = [(k, v) for k, v in query if k not in (wire.SCOPE_PARAM, wire.CAP_PARAM, wire.TTL_PARAM)]
         params += self._write_params() if method in ("POST", "PUT") else [(wire.SCOPE_PARAM, self._settings.scope)]
         headers: dict[str, str] = {"content-type": "application/json"}

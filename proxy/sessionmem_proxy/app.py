@@ -3,6 +3,7 @@ and the tracer into the routes. Nothing is global; tests build apps with their o
 
 from __future__ import annotations
 
+import pathlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,9 +24,12 @@ from sessionmem_core.keys import Scope
 from sessionmem_core.store import ConversationStore, NewEntry, connect, search_entries
 from sessionmem_core.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_proxy.identity import AgentIdentity, Authenticator, DevAuthenticator, bearer_token
-from sessionmem_proxy.keying import resolve_key
+from sessionmem_proxy.keying import KeyResolver
+from sessionmem_proxy.kubeapi import KubeAPI
 from sessionmem_proxy.limits import BodySizeLimit
+from sessionmem_proxy.membership import KubeRegistryMembership, Membership
 from sessionmem_proxy.metrics import ProxyMetrics
+from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
 
 JSON = "application/json"
 
@@ -35,6 +39,7 @@ class ProxyContext:
     settings: ProxySettings
     store: ConversationStore
     authenticator: Authenticator
+    keys: KeyResolver
     tracer: MemoryTracer
     metrics: ProxyMetrics
 
@@ -88,6 +93,7 @@ def create_app(
     *,
     store: ConversationStore | None = None,
     authenticator: Authenticator | None = None,
+    membership: Membership | None = None,
     tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
     settings = settings or ProxySettings.from_env()
@@ -95,12 +101,22 @@ def create_app(
     if store is None:
         owned_client = connect(settings.valkey_url, settings.valkey_timeout_seconds)
         store = ConversationStore(owned_client)
-    if authenticator is None:
-        authenticator = default_authenticator(settings)
+    kube_http = None
+    if authenticator is None and settings.auth_mode == "dev":
+        authenticator = DevAuthenticator()
+    elif authenticator is None:
+        api = KubeAPI.from_settings(settings)
+        kube_http = api.client()
+        authenticator = TokenReviewAuthenticator(kube_http, api, settings.audience)
+        membership = membership or KubeRegistryMembership(kube_http, api.bearer, settings.membership_cache_seconds)
+    capability_key = (
+        pathlib.Path(settings.capability_key_file).read_bytes().strip() if settings.capability_key_file else None
+    )
     ctx = ProxyContext(
         settings=settings,
         store=store,
         authenticator=authenticator,
+        keys=KeyResolver(membership, capability_key),
         tracer=MemoryTracer(tracer_provider or tracer_provider_from_env("sessionmem-proxy"), "proxy"),
         metrics=ProxyMetrics(),
     )
@@ -111,6 +127,8 @@ def create_app(
             yield
         finally:
             await ctx.authenticator.aclose()
+            if kube_http is not None:
+                await kube_http.aclose()
             if owned_client is not None:
                 await owned_client.aclose()
 
@@ -126,14 +144,6 @@ def create_app(
     _install_error_handlers(app)
     _install_routes(app)
     return app
-
-
-def default_authenticator(settings: ProxySettings) -> Authenticator:
-    if settings.auth_mode == "dev":
-        return DevAuthenticator()
-    from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
-
-    return TokenReviewAuthenticator.from_settings(settings)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -197,7 +207,7 @@ def _install_routes(app: FastAPI) -> None:
             with ctx.tracer.span("get", conversation_id, traceparent) as span:
                 validate_conversation_id(conversation_id)
                 identity = await _identify(ctx, authorization)
-                key, scope_used = resolve_key(identity, scope, conversation_id, x_sessionmem_user_capability)
+                key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
                 result = await ctx.store.read(key, limit)
                 span.scope, span.entries, span.version = scope_used, len(result.raw_entries), result.version
                 body = b"".join(
@@ -243,7 +253,7 @@ def _install_routes(app: FastAPI) -> None:
             with ctx.tracer.span("append", conversation_id, traceparent) as span:
                 validate_conversation_id(conversation_id)
                 identity = await _identify(ctx, authorization)
-                key, scope_used = resolve_key(identity, scope, conversation_id, x_sessionmem_user_capability)
+                key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
                 result = await ctx.store.append(
                     key,
                     [NewEntry(role=e.role.value, content=e.content, id=e.id) for e in body.entries],
@@ -285,7 +295,7 @@ def _install_routes(app: FastAPI) -> None:
         with ctx.tracer.span("search", conversation_id, traceparent) as span:
             validate_conversation_id(conversation_id)
             identity = await _identify(ctx, authorization)
-            key, scope_used = resolve_key(identity, scope, conversation_id, x_sessionmem_user_capability)
+            key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
             result = await ctx.store.read_all(key)
             matches = search_entries(result.raw_entries, q, limit)
             span.scope, span.entries, span.version = scope_used, len(matches), result.version
@@ -324,7 +334,7 @@ def _install_routes(app: FastAPI) -> None:
             validate_conversation_id(conversation_id)
             expected = _parse_if_match(if_match)
             identity = await _identify(ctx, authorization)
-            key, scope_used = resolve_key(identity, scope, conversation_id, x_sessionmem_user_capability)
+            key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
             result = await ctx.store.replace(
                 key,
                 [NewEntry(role=e.role.value, content=e.content, id=e.id) for e in body.entries],
@@ -354,7 +364,7 @@ def _install_routes(app: FastAPI) -> None:
         with ctx.tracer.span("delete", conversation_id, traceparent) as span:
             validate_conversation_id(conversation_id)
             identity = await _identify(ctx, authorization)
-            key, scope_used = resolve_key(identity, scope, conversation_id, x_sessionmem_user_capability)
+            key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
             removed = await ctx.store.delete(key)
             span.scope, span.entries = scope_used, removed
             response = wire.DeleteResponse(deleted=removed > 0, entries=removed, scope=scope_used)

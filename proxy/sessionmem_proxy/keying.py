@@ -1,20 +1,39 @@
-"""Which key a verified caller's request maps to. The only place the proxy picks a layout."""
+"""Which key a verified caller's request maps to: the only place the proxy picks a layout."""
 
 from __future__ import annotations
 
+from sessionmem_core.capability import user_bucket, verify_capability
 from sessionmem_core.errors import Unauthenticated
-from sessionmem_core.keys import Scope, session_key, shared_key
+from sessionmem_core.keys import Scope, per_user_key, session_key, shared_key
 from sessionmem_proxy.identity import AgentIdentity
+from sessionmem_proxy.membership import Membership
 
 
-def resolve_key(
-    identity: AgentIdentity, requested: Scope, conversation_id: str, user_capability: str | None
-) -> tuple[str, str]:
-    """(key, scope in effect). Shared scope needs verified registry membership: a non-member asking for
-    it keeps its private layout, never a rootless shared key."""
-    if user_capability is not None:
-        # Per-user buckets come with the capability verifier; until one is configured, fail closed.
-        raise Unauthenticated("per-user capabilities are not accepted by this proxy")
-    if requested is Scope.SHARED and identity.registry:
-        return shared_key(identity.registry, conversation_id), Scope.SHARED.value
-    return session_key(identity.owner, conversation_id), Scope.SESSION.value
+class KeyResolver:
+    def __init__(self, membership: Membership | None = None, capability_key: bytes | None = None) -> None:
+        self._membership = membership
+        self._capability_key = capability_key
+
+    async def resolve(
+        self, identity: AgentIdentity, requested: Scope, conversation_id: str, user_capability: str | None
+    ) -> tuple[str, str]:
+        """(key, scope in effect).
+
+        - A user capability selects the user's private bucket (perUser is private scope only). Without
+          a configured key the proxy cannot verify one, so it refuses it (fail closed).
+        - Shared scope needs verified registry membership; a non-member keeps its private layout, never
+          a rootless shared key. Membership that cannot be resolved fails closed (503).
+        """
+        if user_capability is not None:
+            if self._capability_key is None:
+                raise Unauthenticated("this proxy has no capability key: per-user memory is not enabled")
+            subject = verify_capability(self._capability_key, user_capability, identity.owner)
+            bucket = user_bucket(self._capability_key, identity.owner, subject)
+            return per_user_key(identity.owner, bucket, conversation_id), Scope.SESSION.value
+        if requested is Scope.SHARED:
+            registry = identity.registry
+            if registry is None and self._membership is not None:
+                registry = await self._membership.registry_of(identity.owner)
+            if registry:
+                return shared_key(registry, conversation_id), Scope.SHARED.value
+        return session_key(identity.owner, conversation_id), Scope.SESSION.value

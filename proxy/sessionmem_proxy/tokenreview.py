@@ -8,58 +8,23 @@ be asked is a 503 (never a pass).
 from __future__ import annotations
 
 import base64
-import os
-import ssl
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 
 from sessionmem_core import kube
-from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import AuthUnavailable, Forbidden, InvalidRequest, Unauthenticated
 from sessionmem_core.keys import Owner
 from sessionmem_proxy.identity import AgentIdentity
+from sessionmem_proxy.kubeapi import KubeAPI
 
-_INCLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # Reviews are cached until shortly before the token expires, and never longer than this.
 _MAX_CACHE_SECONDS = 300.0
 _EXPIRY_MARGIN_SECONDS = 30.0
 _CACHE_SIZE = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class KubeAPI:
-    """Where and how the proxy reaches the API server."""
-
-    server: str
-    ca_path: str | None
-    token_path: str | None = None
-    token: str | None = None
-
-    @classmethod
-    def in_cluster(cls) -> KubeAPI:
-        host = os.environ.get("KUBERNETES_SERVICE_HOST")
-        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
-            raise RuntimeError("not running in a cluster: KUBERNETES_SERVICE_HOST is unset")
-        return cls(
-            server=f"https://{host}:{port}",
-            ca_path=str(_INCLUSTER_DIR / "ca.crt"),
-            token_path=str(_INCLUSTER_DIR / "token"),
-        )
-
-    def bearer(self) -> str:
-        if self.token is not None:
-            return self.token
-        if self.token_path is None:
-            raise RuntimeError("no credential for the API server")
-        # Re-read on every call: the kubelet rotates the proxy's own projected token.
-        return Path(self.token_path).read_text().strip()
 
 
 def _token_expiry(token: str) -> float | None:
@@ -74,16 +39,11 @@ def _token_expiry(token: str) -> float | None:
 
 
 class TokenReviewAuthenticator:
-    def __init__(self, api: KubeAPI, audience: str, timeout_seconds: float = 2.0) -> None:
+    def __init__(self, http: httpx.AsyncClient, api: KubeAPI, audience: str) -> None:
+        self._http = http
         self._api = api
         self._audience = audience
-        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=api.ca_path) if api.ca_path else True
-        self._http = httpx.AsyncClient(base_url=api.server, verify=verify, timeout=timeout_seconds)
         self._cache: OrderedDict[str, tuple[float, AgentIdentity]] = OrderedDict()
-
-    @classmethod
-    def from_settings(cls, settings: ProxySettings) -> TokenReviewAuthenticator:
-        return cls(KubeAPI.in_cluster(), settings.audience)
 
     async def authenticate(self, bearer_token: str | None) -> AgentIdentity:
         if bearer_token is None:
@@ -139,4 +99,4 @@ class TokenReviewAuthenticator:
         return AgentIdentity(owner=owner)
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        return None  # the HTTP client belongs to the app that made it

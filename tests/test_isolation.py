@@ -1,0 +1,138 @@
+"""Isolation between users and between agents through the real proxy on a real valkey-server, and a
+property-based check that no request of any shape creates a key outside the layouts."""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sessionmem_core import env
+from sessionmem_core.capability import mint_capability, new_key
+from sessionmem_core.keys import Owner, matches_layout
+from sessionmem_proxy.identity import dev_token
+from tests.support.processes import ServiceProcess
+from tests.support.valkey import ValkeyProcess, free_port
+
+AGENT_A = Owner("team-a", "support-agent")
+AGENT_B = Owner("team-b", "support-agent")
+AGENT_C = Owner("team-a", "billing-agent")
+
+
+@pytest.fixture
+def capability_key(tmp_path: Path) -> bytes:
+    key = new_key()
+    (tmp_path / "capability-key").write_bytes(key)
+    return key
+
+
+@pytest.fixture
+def per_user_proxy(valkey_server: ValkeyProcess, tmp_path: Path, capability_key: bytes) -> Iterator[ServiceProcess]:
+    port = free_port()
+    proc = ServiceProcess(
+        "sessionmem_proxy",
+        {
+            env.VALKEY_URL: valkey_server.url,
+            env.AUTH_MODE: "dev",
+            env.PROXY_HOST: "127.0.0.1",
+            env.PROXY_PORT: str(port),
+            env.CAPABILITY_KEY_FILE: str(tmp_path / "capability-key"),
+        },
+        port,
+    )
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def auth(owner: Owner) -> dict[str, str]:
+    return {"Authorization": f"Bearer {dev_token(owner.namespace, owner.agent)}"}
+
+
+def test_agents_never_see_each_others_conversations(per_user_proxy: ServiceProcess) -> None:
+    with httpx.Client(base_url=per_user_proxy.base_url) as client:
+        body = {"entries": [{"role": "user", "content": "secret of A"}]}
+        assert client.post("/v1/conversations/same-id/entries", json=body, headers=auth(AGENT_A)).status_code == 200
+        for other in (AGENT_B, AGENT_C):
+            assert client.get("/v1/conversations/same-id/entries", headers=auth(other)).json()["entries"] == []
+            assert client.get("/v1/conversations/same-id/search?q=secret", headers=auth(other)).json()["matches"] == []
+            assert client.delete("/v1/conversations/same-id", headers=auth(other)).json()["entries"] == 0
+        history = client.get("/v1/conversations/same-id/entries", headers=auth(AGENT_A)).json()
+    assert [e["content"] for e in history["entries"]] == ["secret of A"]
+
+
+def test_users_on_the_same_conversation_see_disjoint_histories(
+    per_user_proxy: ServiceProcess, capability_key: bytes, valkey_server: ValkeyProcess
+) -> None:
+    alice = {"X-Sessionmem-User-Capability": mint_capability(capability_key, "alice", AGENT_A, 60), **auth(AGENT_A)}
+    bob = {"X-Sessionmem-User-Capability": mint_capability(capability_key, "bob", AGENT_A, 60), **auth(AGENT_A)}
+    forged = {"X-Sessionmem-User-Capability": mint_capability(new_key(), "alice", AGENT_A, 60), **auth(AGENT_A)}
+    expired = {
+        "X-Sessionmem-User-Capability": mint_capability(capability_key, "alice", AGENT_A, 60, now=1000),
+        **auth(AGENT_A),
+    }
+    foreign = {"X-Sessionmem-User-Capability": mint_capability(capability_key, "alice", AGENT_C, 60), **auth(AGENT_A)}
+    with httpx.Client(base_url=per_user_proxy.base_url) as client:
+        for who, headers in (("alice", alice), ("bob", bob)):
+            body = {"entries": [{"role": "user", "content": f"I am {who}"}]}
+            assert client.post("/v1/conversations/c1/entries", json=body, headers=headers).status_code == 200
+        seen = {
+            who: [e["content"] for e in client.get("/v1/conversations/c1/entries", headers=h).json()["entries"]]
+            for who, h in (("alice", alice), ("bob", bob))
+        }
+        plain = client.get("/v1/conversations/c1/entries", headers=auth(AGENT_A)).json()["entries"]
+        refused = {
+            name: client.get("/v1/conversations/c1/entries", headers=h).status_code
+            for name, h in (("forged", forged), ("expired", expired), ("foreign", foreign))
+        }
+    assert seen == {"alice": ["I am alice"], "bob": ["I am bob"]}
+    assert plain == []
+    assert refused == {"forged": 401, "expired": 401, "foreign": 403}
+    keys = [k.decode() for k in valkey_server.client().keys("*")]
+    assert len(keys) == 2 and all(":u:" in k for k in keys)
+    assert not any("alice" in k or "bob" in k for k in keys), "user ids never become part of a key"
+
+
+_printable = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=140)
+_ids = st.one_of(_printable, st.text(alphabet=string.ascii_letters + string.digits + "-_.~", min_size=1, max_size=130))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    conversation_id=_ids,
+    user=st.one_of(st.none(), _printable.filter(bool)),
+    content=_printable,
+    role=st.sampled_from(["user", "assistant", "system", "tool", ""]),
+    scope=st.sampled_from(["session", "shared", "other"]),
+)
+def test_no_request_creates_a_key_outside_the_layouts(
+    per_user_proxy: ServiceProcess,
+    valkey_server: ValkeyProcess,
+    capability_key: bytes,
+    conversation_id: str,
+    user: str | None,
+    content: str,
+    role: str,
+    scope: str,
+) -> None:
+    headers = auth(AGENT_A)
+    if user is not None and len(user) <= 256:
+        headers["X-Sessionmem-User-Capability"] = mint_capability(capability_key, user, AGENT_A, 60)
+    member = {"Authorization": f"Bearer {dev_token('team-a', 'support-agent', registry='helpdesk')}"}
+    # Dots are encoded too: a client would otherwise rewrite '.' and '..' as path segments.
+    path = f"/v1/conversations/{quote(conversation_id, safe='').replace('.', '%2E')}"
+    with httpx.Client(base_url=per_user_proxy.base_url) as client:
+        for who in (headers, member):
+            response = client.post(
+                f"{path}/entries?scope={scope}", json={"entries": [{"role": role, "content": content}]}, headers=who
+            )
+            assert response.status_code in (200, 400), response.text
+            assert response.status_code < 500
+    for key in valkey_server.client().scan_iter("*"):
+        assert matches_layout(key.decode()), key
