@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sessionmem_core.capability import main, mint_capability, new_key, user_bucket, verify_capability
@@ -49,9 +51,7 @@ def test_short_keys_are_refused() -> None:
         mint_capability(b"short", "alice", AGENT, 60)
 
 
-def test_cli_mints_a_verifiable_capability(
-    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_mints_a_verifiable_capability(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     key = new_key()
     key_file = tmp_path / "key"
     key_file.write_bytes(key)

@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from sessionmem_core import env
 from sessionmem_core.capability import mint_capability, new_key
 from sessionmem_core.keys import Owner, matches_layout
+from sessionmem_launcher.server import Launcher
 from sessionmem_proxy.identity import dev_token
+from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess, free_port
 
@@ -99,7 +101,7 @@ def test_users_on_the_same_conversation_see_disjoint_histories(
     assert not any("alice" in k or "bob" in k for k in keys), "user ids never become part of a key"
 
 
-_printable = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=140)
+_printable = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=140)
 _ids = st.one_of(_printable, st.text(alphabet=string.ascii_letters + string.digits + "-_.~", min_size=1, max_size=130))
 
 
@@ -136,3 +138,28 @@ def test_no_request_creates_a_key_outside_the_layouts(
             assert response.status_code < 500
     for key in valkey_server.client().scan_iter("*"):
         assert matches_layout(key.decode()), key
+
+
+async def test_through_the_launcher_user_headers_set_by_the_agent_change_nothing(
+    per_user_proxy: ServiceProcess, capability_key: bytes, dev_token_file: Path, valkey_server: ValkeyProcess
+) -> None:
+    settings = launcher_settings(per_user_proxy.base_url, dev_token_file, **{env.PER_USER: "true"})
+    launcher = Launcher(settings, serve_host="127.0.0.1")
+    await launcher.start()
+    alice = mint_capability(capability_key, "alice", AGENT_A, 60)
+    path = "/v1/conversations/c1/entries"
+    body = {"entries": [{"role": "user", "content": "hello"}]}
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as client:
+            missing = await client.post(path, json=body, headers={"X-User-Id": "mallory"})
+            as_alice = await client.post(
+                path, json=body, headers={"X-Sessionmem-User-Capability": alice, "X-User-Id": "mallory"}
+            )
+            alice_view = await client.get(path, headers={"X-Sessionmem-User-Capability": alice})
+    finally:
+        await launcher.stop()
+    assert missing.status_code == 401 and missing.json()["error"]["type"] == "user_capability_required"
+    assert as_alice.status_code == 200
+    assert [e["content"] for e in alice_view.json()["entries"]] == ["hello"]
+    keys = [k.decode() for k in valkey_server.client().keys("*")]
+    assert len(keys) == 1 and ":u:" in keys[0] and "mallory" not in keys[0]

@@ -49,7 +49,14 @@ def _check_key(key: bytes) -> bytes:
 
 
 def new_key() -> bytes:
-    return secrets.token_bytes(MIN_KEY_BYTES)
+    """A fresh key as text (64 hex characters), so a key file can end in a newline without changing it."""
+    return secrets.token_hex(MIN_KEY_BYTES).encode()
+
+
+def load_key(path: Path) -> bytes:
+    """The key in a file (a mounted Secret): surrounding whitespace is not part of it. Checked at start-up,
+    so a bad key stops the proxy instead of failing requests."""
+    return _check_key(path.read_bytes().strip())
 
 
 def mint_capability(key: bytes, subject: str, agent: Owner, ttl_seconds: int, now: float | None = None) -> str:
@@ -90,13 +97,19 @@ def user_bucket(key: bytes, agent: Owner, subject: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Mint a sessionmem user capability")
-    parser.add_argument("--key-file", required=True, type=Path, help="file with the shared capability key")
-    parser.add_argument("--subject", required=True, help="the end user's verified id")
-    parser.add_argument("--agent", required=True, help="namespace/agent the capability is good for")
+    parser.add_argument("--key-file", type=Path, help="file with the shared capability key")
+    parser.add_argument("--new-key", action="store_true", help="print a fresh key for a Secret and exit")
+    parser.add_argument("--subject", help="the end user's verified id")
+    parser.add_argument("--agent", help="namespace/agent the capability is good for")
     parser.add_argument("--ttl", type=int, default=3600, help="seconds until it expires (default 3600)")
     args = parser.parse_args(argv)
+    if args.new_key:
+        print(new_key().decode())
+        return 0
+    if args.key_file is None or args.subject is None or args.agent is None:
+        parser.error("--key-file, --subject and --agent are required to mint")
     namespace, _, name = args.agent.partition("/")
-    print(mint_capability(args.key_file.read_bytes().strip(), args.subject, Owner(namespace, name), args.ttl))
+    print(mint_capability(load_key(args.key_file), args.subject, Owner(namespace, name), args.ttl))
     return 0
 
 

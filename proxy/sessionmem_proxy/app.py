@@ -3,6 +3,7 @@ and the tracer into the routes. Nothing is global; tests build apps with their o
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import time
 from collections.abc import AsyncIterator
@@ -32,6 +33,7 @@ from sessionmem_proxy.metrics import ProxyMetrics
 from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
 
 JSON = "application/json"
+_LOG = logging.getLogger("sessionmem.proxy")
 
 
 @dataclass
@@ -150,6 +152,12 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SessionMemError)
     async def on_sessionmem_error(_: Request, exc: SessionMemError) -> Response:
         return _json(exc.body(), exc.status)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(_: Request, exc: Exception) -> Response:
+        # Still a typed body: a client must never have to parse a bare text error.
+        _LOG.exception("unhandled error")
+        return _json(error_body("internal", f"internal error ({type(exc).__name__})"), 500)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, exc: RequestValidationError) -> Response:

