@@ -45,6 +45,16 @@ TTL_SECONDS = "SESSIONMEM_TTL_SECONDS"
 LAUNCHER_PORT = "SESSIONMEM_LAUNCHER_PORT"
 SERVE_PORT = "SESSIONMEM_SERVE_PORT"
 AGENT_PORT = "SESSIONMEM_AGENT_PORT"
+# Comma-separated redactors applied by the proxy before anything is stored (email, phone, card, or a
+# name the proxy's SESSIONMEM_REDACT_PATTERNS defines).
+REDACT = "SESSIONMEM_REDACT"
+# Rolling summary: when a conversation holds more than this many entries, the launcher folds the older
+# ones into one summary entry in the background (0: off). The summariser is an HTTP endpoint on the agent
+# side, or "builtin".
+SUMMARY_THRESHOLD = "SESSIONMEM_SUMMARY_THRESHOLD"
+SUMMARIZER_URL = "SESSIONMEM_SUMMARIZER_URL"
+# How replayed turns are counted against SESSIONMEM_REPLAY_TOKENS: "approx" or "module:function".
+TOKEN_COUNTER = "SESSIONMEM_TOKEN_COUNTER"
 PROXY_TIMEOUT_SECONDS = "SESSIONMEM_PROXY_TIMEOUT_SECONDS"
 AGENT_TIMEOUT_SECONDS = "SESSIONMEM_AGENT_TIMEOUT_SECONDS"
 
@@ -62,6 +72,8 @@ KUBE_API_SERVER = "SESSIONMEM_KUBE_API_SERVER"
 KUBE_CA_FILE = "SESSIONMEM_KUBE_CA_FILE"
 KUBE_TOKEN_FILE = "SESSIONMEM_KUBE_TOKEN_FILE"
 MEMBERSHIP_CACHE_SECONDS = "SESSIONMEM_MEMBERSHIP_CACHE_SECONDS"
+# Extra named redactors, a JSON object of name -> regex, that agents may opt into besides the built-in ones.
+REDACT_PATTERNS = "SESSIONMEM_REDACT_PATTERNS"
 
 # --- operator side, written by the chart ---
 OPERATOR_PROXY_URL = "SESSIONMEM_OPERATOR_PROXY_URL"
@@ -131,6 +143,10 @@ class LauncherSettings:
     agent_port: int
     proxy_timeout_seconds: float
     agent_timeout_seconds: float
+    redact: tuple[str, ...] = ()
+    summary_threshold: int = 0
+    summarizer_url: str = "builtin"
+    token_counter: str = "approx"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LauncherSettings:
@@ -156,6 +172,10 @@ class LauncherSettings:
             agent_port=_int(env, AGENT_PORT, DEFAULT_AGENT_PORT, 1, 65535),
             proxy_timeout_seconds=_float(env, PROXY_TIMEOUT_SECONDS, 1.5),
             agent_timeout_seconds=_float(env, AGENT_TIMEOUT_SECONDS, 120.0),
+            redact=tuple(n.strip() for n in env.get(REDACT, "").split(",") if n.strip()),
+            summary_threshold=_int(env, SUMMARY_THRESHOLD, 0, 0, MAX_CAP),
+            summarizer_url=env.get(SUMMARIZER_URL) or "builtin",
+            token_counter=env.get(TOKEN_COUNTER) or "approx",
         )
 
 
@@ -172,6 +192,7 @@ class ProxySettings:
     kube_ca_file: str | None
     kube_token_file: str | None
     membership_cache_seconds: float
+    redact_patterns: str | None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProxySettings:
@@ -192,4 +213,5 @@ class ProxySettings:
             kube_ca_file=env.get(KUBE_CA_FILE) or None,
             kube_token_file=env.get(KUBE_TOKEN_FILE) or None,
             membership_cache_seconds=_float(env, MEMBERSHIP_CACHE_SECONDS, 10.0),
+            redact_patterns=env.get(REDACT_PATTERNS) or None,
         )

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-import valkey.asyncio as valkey_async
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 from valkey.exceptions import ValkeyError
@@ -42,7 +41,7 @@ if ARGV[3] ~= '' and tail then
   local stored = redis.call('LRANGE', key, 0, -1)
   for i = #stored, 1, -1 do
     if string.sub(stored[i], 1, plen) == probe then
-      return {v, 0}
+      return {v, 0, redis.call('LLEN', key)}
     end
   end
 end
@@ -54,7 +53,7 @@ end
 redis.call('RPUSH', key, unpack(batch))
 redis.call('LTRIM', key, -cap, -1)
 redis.call('EXPIRE', key, ttl)
-return {v, #batch}
+return {v, #batch, redis.call('LLEN', key)}
 """
 
 # Replace (seed): ARGV = expected version ('*' for any), cap, ttl, then (id, rest) pairs.
@@ -84,6 +83,26 @@ redis.call('DEL', KEYS[1])
 return n
 """
 
+# Info: length, newest entry (for the version), remaining TTL in ms.
+_INFO = """
+return {redis.call('LLEN', KEYS[1]), redis.call('LINDEX', KEYS[1], -1) or '', redis.call('PTTL', KEYS[1])}
+"""
+
+# Read with summary: the window, plus the oldest entry when it is a rolling summary outside the window.
+_READ_WITH_SUMMARY = """
+local window = redis.call('LRANGE', KEYS[1], -tonumber(ARGV[1]), -1)
+local n = redis.call('LLEN', KEYS[1])
+local head = ''
+if n > #window then
+  head = redis.call('LINDEX', KEYS[1], 0) or ''
+  local marker = '{"id":"summary-'
+  if string.sub(head, 1, #marker) ~= marker then head = '' end
+end
+return {head, window}
+"""
+
+SUMMARY_ID_PREFIX = "summary-"
+
 _VERSION = re.compile(rb'^\{"id":"[^"]*","v":(\d+)')
 
 
@@ -103,6 +122,7 @@ class NewEntry:
 class AppendResult:
     version: int
     stored: int
+    length: int = 0
 
     @property
     def duplicate(self) -> bool:
@@ -113,6 +133,7 @@ class AppendResult:
 class ReadResult:
     version: int
     raw_entries: list[bytes]
+    raw_summary: bytes | None = None
 
     def entries_json(self) -> bytes:
         """The entries as a JSON array, made of the stored bytes without decoding them."""
@@ -127,6 +148,8 @@ class ValkeyLike(Protocol):
     def lrange(self, name: str, start: int, end: int) -> Any: ...
 
     def ping(self) -> Any: ...
+
+    def scan(self, cursor: int = 0, match: str | None = None, count: int | None = None) -> Any: ...
 
 
 def _entry_args(entries: Sequence[NewEntry], author: str, now_ms: int) -> list[str]:
@@ -147,14 +170,16 @@ class ConversationStore:
         self._append = client.register_script(_APPEND)
         self._replace = client.register_script(_REPLACE)
         self._delete = client.register_script(_DELETE)
+        self._info = client.register_script(_INFO)
+        self._read_with_summary = client.register_script(_READ_WITH_SUMMARY)
 
     async def append(
         self, key: str, entries: Sequence[NewEntry], author: str, cap: int, ttl_seconds: int
     ) -> AppendResult:
         probe = entries[0].id or ""
         args = [cap, ttl_seconds, probe, *_entry_args(entries, author, _now_ms())]
-        version, stored = await self._call(self._append, key, args)
-        return AppendResult(version=int(version), stored=int(stored))
+        version, stored, length = await self._call(self._append, key, args)
+        return AppendResult(version=int(version), stored=int(stored), length=int(length))
 
     async def read(self, key: str, limit: int) -> ReadResult:
         if limit <= 0:
@@ -162,6 +187,23 @@ class ConversationStore:
             return ReadResult(version=version_of(raw[0]) if raw else 0, raw_entries=[])
         raw = await self._guard(self._client.lrange(key, -limit, -1))
         return ReadResult(version=version_of(raw[-1]) if raw else 0, raw_entries=raw)
+
+    async def read_with_summary(self, key: str, limit: int) -> ReadResult:
+        if limit <= 0:
+            return await self.read(key, 0)
+        head, window = await self._call(self._read_with_summary, key, [limit])
+        version = version_of(window[-1]) if window else 0
+        return ReadResult(version=version, raw_entries=list(window), raw_summary=head or None)
+
+    async def info(self, key: str) -> tuple[int, int, int | None]:
+        """(entries, version, ttl in seconds or None when the key does not exist)."""
+        length, tail, pttl = await self._call(self._info, key, [])
+        ttl = None if int(pttl) < 0 else max(1, (int(pttl) + 999) // 1000)
+        return int(length), version_of(tail) if tail else 0, ttl
+
+    async def scan(self, match: str, cursor: int, count: int) -> tuple[int, list[str]]:
+        next_cursor, keys = await self._guard(self._client.scan(cursor=cursor, match=match, count=count))
+        return int(next_cursor), [k.decode() if isinstance(k, bytes) else str(k) for k in keys]
 
     async def read_all(self, key: str) -> ReadResult:
         raw: list[bytes] = await self._guard(self._client.lrange(key, 0, -1))
@@ -203,19 +245,6 @@ class ConversationStore:
             if "LOADING" in str(exc) or "MASTERDOWN" in str(exc) or "CLUSTERDOWN" in str(exc):
                 raise BackendUnavailable(f"memory backend not ready: {exc}") from exc
             raise
-
-
-def connect(url: str, timeout_seconds: float, max_connections: int = 256) -> valkey_async.Valkey:
-    """A pooled client; bounded timeouts so an unreachable Valkey turns into a 503, never a hang."""
-    client: valkey_async.Valkey = valkey_async.Valkey.from_url(
-        url,
-        socket_timeout=timeout_seconds,
-        socket_connect_timeout=timeout_seconds,
-        max_connections=max_connections,
-        health_check_interval=0,
-        decode_responses=False,
-    )
-    return client
 
 
 def tokenize(text: str) -> set[str]:

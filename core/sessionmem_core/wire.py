@@ -21,6 +21,7 @@ API_PREFIX = "/v1"
 CAP_PARAM = "cap"
 TTL_PARAM = "ttlSeconds"
 SCOPE_PARAM = "scope"
+REDACT_PARAM = "redact"
 LIMIT_PARAM = "limit"
 
 # Response headers that repeat what a memory response says, so the launcher can trace it unparsed.
@@ -62,23 +63,46 @@ def search_path(conversation_id: str) -> str:
     return f"{API_PREFIX}/conversations/{conversation_id}/search"
 
 
+def export_path(conversation_id: str) -> str:
+    return f"{API_PREFIX}/conversations/{conversation_id}/export"
+
+
+# Agent-wide and user-wide lifecycle operations (no conversation id in the path).
+CONVERSATIONS_PATH = f"{API_PREFIX}/conversations"
+USER_CONVERSATIONS_PATH = f"{API_PREFIX}/users/me/conversations"
+
+
 _CONVERSATIONS = f"{API_PREFIX}/conversations/"
 _OPS = {
     ("GET", "entries"): "get",
     ("POST", "entries"): "append",
     ("GET", "search"): "search",
+    ("GET", "export"): "export",
+    ("GET", ""): "info",
     ("PUT", ""): "replace",
     ("DELETE", ""): "delete",
 }
+_SUFFIXES = ("entries", "search", "export")
 
 
-def memory_route(method: str, path: str) -> tuple[str, str]:
-    """(operation, conversation id) for a memory path; raises NotFound for anything else. The id is
-    whatever sits between the prefix and the suffix, so a '/' inside it is caught by the id rule (400)."""
+_AGENT_WIDE = {
+    ("GET", CONVERSATIONS_PATH): "list",
+    ("DELETE", CONVERSATIONS_PATH): "clear",
+    ("DELETE", USER_CONVERSATIONS_PATH): "erase_user",
+}
+
+
+def memory_route(method: str, path: str) -> tuple[str, str | None]:
+    """(operation, conversation id or None for agent-wide operations) for a memory path; raises NotFound
+    for anything else. The id is whatever sits between the prefix and the suffix, so a '/' inside it is
+    caught by the id rule (400)."""
+    agent_wide = _AGENT_WIDE.get((method, path.rstrip("/")))
+    if agent_wide is not None:
+        return agent_wide, None
     if not path.startswith(_CONVERSATIONS):
         raise NotFound(f"no route {path}")
     rest = path[len(_CONVERSATIONS) :]
-    for suffix in ("entries", "search"):
+    for suffix in _SUFFIXES:
         if rest.endswith("/" + suffix):
             op = _OPS.get((method, suffix))
             if op is None:
@@ -122,6 +146,7 @@ class AppendResponse(_Model):
     stored: int = Field(description="Entries stored by this call (0 when it was a retry).")
     duplicate: bool = Field(description="True when these message ids were already stored.")
     scope: str
+    length: int = Field(description="Entries the conversation holds after this append.")
 
 
 class Entry(_Model):
@@ -138,6 +163,37 @@ class History(_Model):
     scope: str
     version: int
     entries: list[Entry]
+    summary: Entry | None = Field(
+        default=None, description="With summary=true: the rolling summary of older turns, if there is one."
+    )
+
+
+class ConversationInfo(_Model):
+    conversation_id: str = Field(alias="conversationId")
+    scope: str
+    exists: bool
+    version: int
+    entries: int
+    ttl_seconds: int | None = Field(alias="ttlSeconds", description="Seconds until it expires; None if absent.")
+
+
+class ConversationRef(_Model):
+    conversation_id: str = Field(alias="conversationId")
+
+
+class ConversationList(_Model):
+    conversations: list[ConversationRef]
+    next_cursor: str | None = Field(alias="nextCursor", description="Pass as cursor for the next page; None: done.")
+
+
+class ClearResponse(_Model):
+    conversations: int = Field(description="How many conversations were removed.")
+    entries: int = Field(description="How many entries they held.")
+
+
+class UserErasure(_Model):
+    conversations: list[str] = Field(description="Ids of the end user's conversations that were removed.")
+    entries: int
 
 
 class ReplaceRequest(_Model):

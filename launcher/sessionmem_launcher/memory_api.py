@@ -41,11 +41,12 @@ class MemoryEndpoint:
         except SessionMemError as exc:
             await respond_error(send, exc)
 
-    async def _forward(self, scope: Scope, receive: Receive, send: Send, op: str, conversation_id: str) -> None:
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, op: str, conversation_id: str | None) -> None:
         headers = scope["headers"]
         traceparent = header(headers, b"traceparent")
-        with self._tracer.span(op, conversation_id, traceparent, header(headers, b"tracestate")) as span:
-            validate_conversation_id(conversation_id)
+        with self._tracer.span(op, conversation_id or "", traceparent, header(headers, b"tracestate")) as span:
+            if conversation_id is not None:
+                validate_conversation_id(conversation_id)
             body = await read_body(receive, env.MAX_BODY_BYTES)
             if op in ("append", "replace") and not body:
                 raise InvalidRequest("request body is required")
@@ -83,7 +84,7 @@ def launcher_openapi() -> bytes:
     doc = create_app(ProxySettings.from_env({}), authenticator=DevAuthenticator()).openapi()
     doc["info"]["title"] = "sessionmem launcher memory endpoint"
     doc["info"]["description"] = "The agent's localhost memory API; identity, scope, cap and TTL come from the pod."
-    own = {wire.SCOPE_PARAM, wire.CAP_PARAM, wire.TTL_PARAM, "authorization"}
+    own = {wire.SCOPE_PARAM, wire.CAP_PARAM, wire.TTL_PARAM, wire.REDACT_PARAM, "authorization"}
     paths = {}
     for path, item in doc["paths"].items():
         if path in ("/readyz", "/metrics"):

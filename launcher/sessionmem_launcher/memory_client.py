@@ -16,6 +16,9 @@ from sessionmem_core.env import VALKEY_URL, LauncherSettings
 from sessionmem_core.errors import BackendUnavailable, Unauthenticated
 from sessionmem_core.telemetry import inject_traceparent
 
+# Set from the pod's configuration on every forwarded call, whatever the agent sent.
+_POD_PARAMS = frozenset({wire.SCOPE_PARAM, wire.CAP_PARAM, wire.TTL_PARAM, wire.REDACT_PARAM})
+
 
 class UserCapabilityRequired(Unauthenticated):
     error_type = "user_capability_required"
@@ -58,11 +61,14 @@ class MemoryClient:
         )
 
     def _write_params(self) -> list[tuple[str, str]]:
-        return [
+        params = [
             (wire.SCOPE_PARAM, self._settings.scope),
             (wire.CAP_PARAM, str(self._settings.cap)),
             (wire.TTL_PARAM, str(self._settings.ttl_seconds)),
         ]
+        if self._settings.redact:
+            params.append((wire.REDACT_PARAM, ",".join(self._settings.redact)))
+        return params
 
     async def call(
         self,
@@ -82,7 +88,7 @@ class MemoryClient:
             raise UserCapabilityRequired(
                 f"this agent keeps memory per user: send the {wire.USER_CAPABILITY_HEADER} header"
             )
-        params = [(k, v) for k, v in query if k not in (wire.SCOPE_PARAM, wire.CAP_PARAM, wire.TTL_PARAM)]
+        params = [(k, v) for k, v in query if k not in _POD_PARAMS]
         params += self._write_params() if method in ("POST", "PUT") else [(wire.SCOPE_PARAM, self._settings.scope)]
         headers: dict[str, str] = {"content-type": "application/json"}
         if self._send_token:

@@ -8,10 +8,9 @@ import pathlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi import FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response
 from opentelemetry.trace import TracerProvider
@@ -22,36 +21,24 @@ from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import InvalidRequest, SessionMemError, error_body
 from sessionmem_core.ids import validate_conversation_id
 from sessionmem_core.keys import Scope
-from sessionmem_core.store import ConversationStore, NewEntry, connect, search_entries
+from sessionmem_core.store import ConversationStore, NewEntry, search_entries
 from sessionmem_core.telemetry import MemoryTracer, tracer_provider_from_env
-from sessionmem_proxy.identity import AgentIdentity, Authenticator, DevAuthenticator, bearer_token
+from sessionmem_core.valkey_client import connect
+from sessionmem_proxy.context import Ctx, ProxyContext, identify
+from sessionmem_proxy.identity import Authenticator, DevAuthenticator
 from sessionmem_proxy.keying import KeyResolver
 from sessionmem_proxy.kubeapi import KubeAPI
+from sessionmem_proxy.lifecycle import install_lifecycle_routes
 from sessionmem_proxy.limits import BodySizeLimit
 from sessionmem_proxy.membership import KubeRegistryMembership, Membership
 from sessionmem_proxy.metrics import ProxyMetrics
+from sessionmem_proxy.redaction import Redaction
 from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
 
 JSON = "application/json"
 _LOG = logging.getLogger("sessionmem.proxy")
 
 
-@dataclass
-class ProxyContext:
-    settings: ProxySettings
-    store: ConversationStore
-    authenticator: Authenticator
-    keys: KeyResolver
-    tracer: MemoryTracer
-    metrics: ProxyMetrics
-
-
-def _context(request: Request) -> ProxyContext:
-    ctx: ProxyContext = request.app.state.ctx
-    return ctx
-
-
-Ctx = Annotated[ProxyContext, Depends(_context)]
 ConversationIdPath = Annotated[
     str, Path(description="Conversation id: 1-128 chars, no '/', ':', whitespace or control")
 ]
@@ -60,6 +47,9 @@ CapQuery = Annotated[
 ]
 TtlQuery = Annotated[
     int, Query(alias=wire.TTL_PARAM, ge=1, le=env.MAX_TTL_SECONDS, description="TTL in seconds this write refreshes")
+]
+RedactQuery = Annotated[
+    str, Query(description="Comma-separated redactors applied before storing (email, phone, card, or configured)")
 ]
 ScopeQuery = Annotated[Scope, Query(description="Requested scope; shared applies only to verified registry members")]
 
@@ -84,10 +74,6 @@ def _memory_json(body: bytes, scope: str, entries: int, version: int | None) -> 
     if version is not None:
         headers[wire.VERSION_HEADER] = str(version)
     return Response(content=body, media_type=JSON, headers=headers)
-
-
-async def _identify(ctx: ProxyContext, authorization: str | None) -> AgentIdentity:
-    return await ctx.authenticator.authenticate(bearer_token(authorization))
 
 
 def create_app(
@@ -119,6 +105,7 @@ def create_app(
         store=store,
         authenticator=authenticator,
         keys=KeyResolver(membership, capability_key),
+        redaction=Redaction.from_json(settings.redact_patterns),
         tracer=MemoryTracer(tracer_provider or tracer_provider_from_env("sessionmem-proxy"), "proxy"),
         metrics=ProxyMetrics(),
     )
@@ -145,6 +132,7 @@ def create_app(
     app.add_middleware(BodySizeLimit, max_bytes=env.MAX_BODY_BYTES)
     _install_error_handlers(app)
     _install_routes(app)
+    install_lifecycle_routes(app)
     return app
 
 
@@ -171,7 +159,9 @@ def _install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             # The router's path pattern cannot match some bad ids (a newline, say); the id rule names them.
             try:
-                validate_conversation_id(wire.memory_route(request.method, request.scope["path"])[1])
+                conversation_id = wire.memory_route(request.method, request.scope["path"])[1]
+                if conversation_id is not None:
+                    validate_conversation_id(conversation_id)
             except SessionMemError as error:
                 return _json(error.body(), error.status)
         kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
@@ -204,6 +194,7 @@ def _install_routes(app: FastAPI) -> None:
         ctx: Ctx,
         conversation_id: ConversationIdPath,
         limit: Annotated[int, Query(ge=0, le=env.MAX_READ_LIMIT)] = env.DEFAULT_REPLAY_MESSAGES,
+        summary: Annotated[bool, Query(description="Also return the rolling summary of older turns")] = False,
         scope: ScopeQuery = Scope.SESSION,
         authorization: Annotated[str | None, Header()] = None,
         traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
@@ -214,10 +205,11 @@ def _install_routes(app: FastAPI) -> None:
         try:
             with ctx.tracer.span("get", conversation_id, traceparent) as span:
                 validate_conversation_id(conversation_id)
-                identity = await _identify(ctx, authorization)
+                identity = await identify(ctx, authorization)
                 key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
-                result = await ctx.store.read(key, limit)
+                result = await (ctx.store.read_with_summary(key, limit) if summary else ctx.store.read(key, limit))
                 span.scope, span.entries, span.version = scope_used, len(result.raw_entries), result.version
+                summary_part = (b',"summary":' + result.raw_summary) if result.raw_summary else b""
                 body = b"".join(
                     (
                         b'{"conversationId":"',
@@ -228,6 +220,7 @@ def _install_routes(app: FastAPI) -> None:
                         str(result.version).encode(),
                         b',"entries":',
                         result.entries_json(),
+                        summary_part,
                         b"}",
                     )
                 )
@@ -251,6 +244,7 @@ def _install_routes(app: FastAPI) -> None:
         scope: ScopeQuery = Scope.SESSION,
         cap: CapQuery = env.DEFAULT_CAP,
         ttl_seconds: TtlQuery = env.DEFAULT_TTL_SECONDS,
+        redact: RedactQuery = "",
         authorization: Annotated[str | None, Header()] = None,
         traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
         x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
@@ -260,11 +254,11 @@ def _install_routes(app: FastAPI) -> None:
         try:
             with ctx.tracer.span("append", conversation_id, traceparent) as span:
                 validate_conversation_id(conversation_id)
-                identity = await _identify(ctx, authorization)
+                identity = await identify(ctx, authorization)
                 key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
                 result = await ctx.store.append(
                     key,
-                    [NewEntry(role=e.role.value, content=e.content, id=e.id) for e in body.entries],
+                    _new_entries(ctx, body.entries, redact),
                     author=identity.owner.author,
                     cap=cap,
                     ttl_seconds=ttl_seconds,
@@ -272,8 +266,8 @@ def _install_routes(app: FastAPI) -> None:
                 span.scope, span.entries, span.version = scope_used, result.stored, result.version
                 duplicate = b"true" if result.duplicate else b"false"
                 return _memory_json(
-                    b'{"version":%d,"stored":%d,"duplicate":%s,"scope":"%s"}'
-                    % (result.version, result.stored, duplicate, scope_used.encode()),
+                    b'{"version":%d,"stored":%d,"duplicate":%s,"scope":"%s","length":%d}'
+                    % (result.version, result.stored, duplicate, scope_used.encode(), result.length),
                     scope_used,
                     result.stored,
                     result.version,
@@ -302,7 +296,7 @@ def _install_routes(app: FastAPI) -> None:
     ) -> Response:
         with ctx.tracer.span("search", conversation_id, traceparent) as span:
             validate_conversation_id(conversation_id)
-            identity = await _identify(ctx, authorization)
+            identity = await identify(ctx, authorization)
             key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
             result = await ctx.store.read_all(key)
             matches = search_entries(result.raw_entries, q, limit)
@@ -334,6 +328,7 @@ def _install_routes(app: FastAPI) -> None:
         scope: ScopeQuery = Scope.SESSION,
         cap: CapQuery = env.DEFAULT_CAP,
         ttl_seconds: TtlQuery = env.DEFAULT_TTL_SECONDS,
+        redact: RedactQuery = "",
         authorization: Annotated[str | None, Header()] = None,
         traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
         x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
@@ -341,11 +336,11 @@ def _install_routes(app: FastAPI) -> None:
         with ctx.tracer.span("replace", conversation_id, traceparent) as span:
             validate_conversation_id(conversation_id)
             expected = _parse_if_match(if_match)
-            identity = await _identify(ctx, authorization)
+            identity = await identify(ctx, authorization)
             key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
             result = await ctx.store.replace(
                 key,
-                [NewEntry(role=e.role.value, content=e.content, id=e.id) for e in body.entries],
+                _new_entries(ctx, body.entries, redact),
                 author=identity.owner.author,
                 expected_version=expected,
                 cap=cap,
@@ -371,12 +366,19 @@ def _install_routes(app: FastAPI) -> None:
     ) -> Response:
         with ctx.tracer.span("delete", conversation_id, traceparent) as span:
             validate_conversation_id(conversation_id)
-            identity = await _identify(ctx, authorization)
+            identity = await identify(ctx, authorization)
             key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
             removed = await ctx.store.delete(key)
             span.scope, span.entries = scope_used, removed
             response = wire.DeleteResponse(deleted=removed > 0, entries=removed, scope=scope_used)
             return _memory_json(response.model_dump_json().encode(), scope_used, removed, None)
+
+
+def _new_entries(ctx: ProxyContext, entries: list[wire.EntryIn], redact: str) -> list[NewEntry]:
+    redactor = ctx.redaction.chain(redact.split(",")) if redact else None
+    if redactor is None:
+        return [NewEntry(role=e.role.value, content=e.content, id=e.id) for e in entries]
+    return [NewEntry(role=e.role.value, content=redactor(e.content), id=e.id) for e in entries]
 
 
 def _parse_if_match(if_match: str | None) -> int | None:

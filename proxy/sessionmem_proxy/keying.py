@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from sessionmem_core.capability import user_bucket, verify_capability
-from sessionmem_core.errors import Unauthenticated
-from sessionmem_core.keys import Scope, per_user_key, session_key, shared_key
+from sessionmem_core.errors import InvalidRequest, Unauthenticated
+from sessionmem_core.ids import validate_conversation_id
+from sessionmem_core.keys import Scope, per_user_prefix, session_prefix, shared_prefix
 from sessionmem_proxy.identity import AgentIdentity
 from sessionmem_proxy.membership import Membership
 
@@ -14,10 +15,10 @@ class KeyResolver:
         self._membership = membership
         self._capability_key = capability_key
 
-    async def resolve(
-        self, identity: AgentIdentity, requested: Scope, conversation_id: str, user_capability: str | None
+    async def resolve_prefix(
+        self, identity: AgentIdentity, requested: Scope, user_capability: str | None
     ) -> tuple[str, str]:
-        """(key, scope in effect).
+        """(key prefix, scope in effect) of the space a request works in.
 
         - A user capability selects the user's private bucket (perUser is private scope only). Without
           a configured key the proxy cannot verify one, so it refuses it (fail closed).
@@ -25,15 +26,26 @@ class KeyResolver:
           a rootless shared key. Membership that cannot be resolved fails closed (503).
         """
         if user_capability is not None:
-            if self._capability_key is None:
-                raise Unauthenticated("this proxy has no capability key: per-user memory is not enabled")
-            subject = verify_capability(self._capability_key, user_capability, identity.owner)
-            bucket = user_bucket(self._capability_key, identity.owner, subject)
-            return per_user_key(identity.owner, bucket, conversation_id), Scope.SESSION.value
+            return self.user_prefix(identity, user_capability), Scope.SESSION.value
         if requested is Scope.SHARED:
             registry = identity.registry
             if registry is None and self._membership is not None:
                 registry = await self._membership.registry_of(identity.owner)
             if registry:
-                return shared_key(registry, conversation_id), Scope.SHARED.value
-        return session_key(identity.owner, conversation_id), Scope.SESSION.value
+                return shared_prefix(registry), Scope.SHARED.value
+        return session_prefix(identity.owner), Scope.SESSION.value
+
+    def user_prefix(self, identity: AgentIdentity, user_capability: str | None) -> str:
+        if user_capability is None:
+            raise InvalidRequest("this operation needs the end user's capability")
+        if self._capability_key is None:
+            raise Unauthenticated("this proxy has no capability key: per-user memory is not enabled")
+        subject = verify_capability(self._capability_key, user_capability, identity.owner)
+        return per_user_prefix(identity.owner, user_bucket(self._capability_key, identity.owner, subject))
+
+    async def resolve(
+        self, identity: AgentIdentity, requested: Scope, conversation_id: str, user_capability: str | None
+    ) -> tuple[str, str]:
+        """(key, scope in effect) for one conversation."""
+        prefix, scope = await self.resolve_prefix(identity, requested, user_capability)
+        return prefix + validate_conversation_id(conversation_id), scope
