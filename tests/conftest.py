@@ -3,20 +3,19 @@ running in the test's event loop (so its spans can be captured in memory)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sessionmem_core import env
+from sessionmem_core.capability import new_key
 from sessionmem_core.env import LauncherSettings
 from sessionmem_demo.agent import app as agent_app
-from sessionmem_launcher.server import Launcher
+from sessionmem_launcher.server import Launcher, serve_in_background
 from sessionmem_proxy.identity import dev_token
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess, free_port
@@ -78,11 +77,8 @@ def span_exporter() -> InMemorySpanExporter:
 @pytest.fixture
 async def demo_agent() -> AsyncIterator[int]:
     """The demo agent on a free port, in the test's event loop; yields its port."""
-    server = uvicorn.Server(uvicorn.Config(agent_app, host="127.0.0.1", port=0, lifespan="off", log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.005)
-    yield int(server.servers[0].sockets[0].getsockname()[1])
+    server, task, port = await serve_in_background(agent_app)
+    yield port
     server.should_exit = True
     await task
 
@@ -98,3 +94,29 @@ async def launcher(
     await instance.start()
     yield instance
     await instance.stop()
+
+
+@pytest.fixture
+def capability_key(tmp_path: Path) -> bytes:
+    key = new_key()
+    (tmp_path / "capability-key").write_bytes(key)
+    return key
+
+
+@pytest.fixture
+def per_user_proxy(valkey_server: ValkeyProcess, tmp_path: Path, capability_key: bytes) -> Iterator[ServiceProcess]:
+    port = free_port()
+    proc = ServiceProcess(
+        "sessionmem_proxy",
+        {
+            env.VALKEY_URL: valkey_server.url,
+            env.AUTH_MODE: "dev",
+            env.PROXY_HOST: "127.0.0.1",
+            env.PROXY_PORT: str(port),
+            env.CAPABILITY_KEY_FILE: str(tmp_path / "capability-key"),
+        },
+        port,
+    )
+    proc.start()
+    yield proc
+    proc.stop()

@@ -4,12 +4,10 @@ property-based check that no request of any shape creates a key outside the layo
 from __future__ import annotations
 
 import string
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
 import httpx
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,37 +18,11 @@ from sessionmem_launcher.server import Launcher
 from sessionmem_proxy.identity import dev_token
 from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess
-from tests.support.valkey import ValkeyProcess, free_port
+from tests.support.valkey import ValkeyProcess
 
 AGENT_A = Owner("team-a", "support-agent")
 AGENT_B = Owner("team-b", "support-agent")
 AGENT_C = Owner("team-a", "billing-agent")
-
-
-@pytest.fixture
-def capability_key(tmp_path: Path) -> bytes:
-    key = new_key()
-    (tmp_path / "capability-key").write_bytes(key)
-    return key
-
-
-@pytest.fixture
-def per_user_proxy(valkey_server: ValkeyProcess, tmp_path: Path, capability_key: bytes) -> Iterator[ServiceProcess]:
-    port = free_port()
-    proc = ServiceProcess(
-        "sessionmem_proxy",
-        {
-            env.VALKEY_URL: valkey_server.url,
-            env.AUTH_MODE: "dev",
-            env.PROXY_HOST: "127.0.0.1",
-            env.PROXY_PORT: str(port),
-            env.CAPABILITY_KEY_FILE: str(tmp_path / "capability-key"),
-        },
-        port,
-    )
-    proc.start()
-    yield proc
-    proc.stop()
 
 
 def auth(owner: Owner) -> dict[str, str]:

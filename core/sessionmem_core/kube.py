@@ -55,8 +55,16 @@ def registry_members(registry: Mapping[str, Any]) -> set[tuple[str, str]]:
     return {(str(m.get("namespace", "")), str(m.get("name", ""))) for m in members if isinstance(m, Mapping)}
 
 
+def effective_registry(listing: Iterable[str]) -> str | None:
+    """The registry whose shared scope an agent gets: the one registry that lists it. None when no
+    registry or several do (ambiguous: the private layout is kept), so the operator (which renders the
+    scope) and the proxy (which enforces it) always agree."""
+    names = set(listing)
+    return names.pop() if len(names) == 1 else None
+
+
 def registry_for(namespace: str, agent: str, registries: Iterable[Mapping[str, Any]]) -> str | None:
-    """The registry whose shared scope an agent gets: the first by name among those that list it, so
-    the operator (which renders the scope) and the proxy (which enforces it) always agree."""
-    names = sorted(str(r["metadata"]["name"]) for r in registries if (namespace, agent) in registry_members(r))
-    return names[0] if names else None
+    """``effective_registry`` over AgentRegistry objects."""
+    return effective_registry(
+        str(r["metadata"]["name"]) for r in registries if (namespace, agent) in registry_members(r)
+    )

@@ -1,12 +1,44 @@
-"""Making the Valkey client the store runs on (standalone server today; one place to add others)."""
+"""Making the Valkey client the store runs on: a standalone server, or a Valkey Cluster.
+
+The URL picks the kind, nothing else changes (one key per conversation, so every store operation is a
+single-slot command or script):
+
+- ``valkey://host:port/0``, ``valkeys://...``, ``unix://...``: one server (or a replicated primary).
+- ``valkey+cluster://host:port[,host:port...]`` (``valkeys+cluster://`` for TLS): a Valkey Cluster; the
+  listed nodes are only seeds, the client discovers the slot map and follows MOVED/ASK and failovers.
+
+Lua scripts work on both: ``register_script`` + EVALSHA routes by the script's one key, and a NOSCRIPT
+(a promoted replica, a restarted node) is answered by loading the script on the primaries and retrying.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
 import valkey.asyncio as valkey_async
+from valkey.asyncio.cluster import ClusterNode, ValkeyCluster
+
+CLUSTER_SCHEMES = {"valkey+cluster": "valkey", "valkeys+cluster": "valkeys", "redis+cluster": "redis"}
+
+# A cluster-wide SCAN cursor packs (node cursor, node index): the node's own cursor shifted left by this
+# many bits, the index of the primary (ordered by the first slot it serves) in the low bits.
+_NODE_BITS = 10
+_NODE_MASK = (1 << _NODE_BITS) - 1
 
 
-def connect(url: str, timeout_seconds: float, max_connections: int = 256) -> valkey_async.Valkey:
-    """A pooled client; bounded timeouts so an unreachable Valkey turns into a 503, never a hang."""
+def is_cluster_url(url: str) -> bool:
+    return urlsplit(url).scheme.lower() in CLUSTER_SCHEMES
+
+
+def connect(url: str, timeout_seconds: float, max_connections: int = 256) -> valkey_async.Valkey | SessionmemCluster:
+    """A pooled client; bounded timeouts so an unreachable Valkey turns into a 503, never a hang.
+
+    For a ``valkey+cluster://`` URL this is a :class:`SessionmemCluster` (a ValkeyCluster); the store uses
+    only what both offer (``store.ValkeyLike``), and both close with ``aclose()``."""
+    if is_cluster_url(url):
+        return connect_cluster(url, timeout_seconds, max_connections)
     client: valkey_async.Valkey = valkey_async.Valkey.from_url(
         url,
         socket_timeout=timeout_seconds,
@@ -16,3 +48,99 @@ def connect(url: str, timeout_seconds: float, max_connections: int = 256) -> val
         decode_responses=False,
     )
     return client
+
+
+def cluster_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
+    """(the plain scheme, the seed nodes) of a cluster URL; raises ValueError when it names none."""
+    parts = urlsplit(url)
+    scheme = CLUSTER_SCHEMES.get(parts.scheme.lower())
+    if scheme is None:
+        raise ValueError(f"{parts.scheme}:// is not a cluster URL scheme")
+    hostinfo = parts.netloc.rpartition("@")[2]
+    seeds: list[tuple[str, int]] = []
+    for item in hostinfo.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        host, _, port = item.rpartition(":") if not item.endswith("]") else (item, "", "")
+        if not host:
+            host, port = item, ""
+        seeds.append((host.strip("[]"), int(port) if port else 6379))
+    if not seeds:
+        raise ValueError(f"cluster URL {url!r} names no node")
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError("a Valkey Cluster has only database 0")
+    return scheme, seeds
+
+
+def connect_cluster(url: str, timeout_seconds: float, max_connections: int = 256) -> SessionmemCluster:
+    scheme, seeds = cluster_seeds(url)
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    first_host, first_port = seeds[0]
+    # valkey-py parses credentials and query options (?ssl_cert_reqs=...) from a plain one-node URL.
+    plain = urlunsplit((scheme, f"{userinfo + '@' if userinfo else ''}{first_host}:{first_port}", "", parts.query, ""))
+    cluster = SessionmemCluster.from_url(
+        plain,
+        startup_nodes=[ClusterNode(host, port) for host, port in seeds],
+        socket_timeout=timeout_seconds,
+        socket_connect_timeout=timeout_seconds,
+        max_connections=max_connections,
+        health_check_interval=0,
+        decode_responses=False,
+        # A failover takes cluster-node-timeout plus an election: keep retrying through it, briefly, and
+        # let the caller answer 503 meanwhile rather than holding the request for long.
+        cluster_error_retry_attempts=3,
+        require_full_coverage=False,
+    )
+    assert isinstance(cluster, SessionmemCluster)
+    return cluster
+
+
+class SessionmemCluster(ValkeyCluster):
+    """ValkeyCluster whose ``scan`` keeps the standalone shape ``(cursor, keys)``: one integer cursor walks
+    every primary in turn, so the store's paginated listing works unchanged on a cluster."""
+
+    def _primaries_in_slot_order(self) -> list[ClusterNode]:
+        first_slot: dict[str, int] = {}
+        for slot, nodes in self.nodes_manager.slots_cache.items():
+            if nodes:
+                name = nodes[0].name
+                first_slot[name] = min(slot, first_slot.get(name, slot))
+        primaries: Sequence[ClusterNode] = self.get_primaries()
+        return sorted(primaries, key=lambda n: (first_slot.get(n.name, 1 << 20), n.name))
+
+    async def scan(
+        self,
+        cursor: int = 0,
+        match: Any = None,
+        count: int | None = None,
+        _type: str | None = None,
+        **kwargs: Any,
+    ) -> tuple[int, list[bytes]]:
+        if self._initialize:
+            await self.initialize()
+        primaries = self._primaries_in_slot_order()
+        index, node_cursor = cursor & _NODE_MASK, cursor >> _NODE_BITS
+        if not primaries or index >= len(primaries):
+            return 0, []
+        cursors, keys = await super().scan(
+            cursor=node_cursor, match=match, count=count, _type=_type, target_nodes=primaries[index], **kwargs
+        )
+        next_node_cursor = int(next(iter(cursors.values()), 0))
+        if next_node_cursor:
+            return (next_node_cursor << _NODE_BITS) | index, list(keys)
+        if index + 1 < len(primaries):
+            return index + 1, list(keys)  # the next primary, from its start
+        return 0, list(keys)
+
+    async def scan_iter(
+        self, match: Any = None, count: int | None = None, _type: str | None = None, **kwargs: Any
+    ) -> Any:
+        cursor = 0
+        while True:
+            cursor, keys = await self.scan(cursor, match=match, count=count, _type=_type, **kwargs)
+            for key in keys:
+                yield key
+            if cursor == 0:
+                return

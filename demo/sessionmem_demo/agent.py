@@ -17,8 +17,9 @@ def reply(user_input: str, history: list[dict[str, Any]]) -> str:
     if said:
         return f"Nice to meet you, {said.group(1)}! I'll remember that."
     if "my name" in user_input.lower():
+        # The user's own turns, or the rolling summary (a system message) that kept older ones.
         for turn in reversed(history):
-            if turn.get("role") == "user":
+            if turn.get("role") in ("user", "system"):
                 found = _NAME.search(str(turn.get("content", "")))
                 if found:
                     return f"Your name is {found.group(1)}."

@@ -12,8 +12,6 @@ an ``output`` string, which is passed back to the caller as it is.
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
 import orjson
 from starlette.types import Receive, Scope, Send
@@ -25,6 +23,8 @@ from sessionmem_core.ids import new_message_id, validate_conversation_id
 from sessionmem_core.telemetry import MemoryTracer
 from sessionmem_launcher.asgi import header, read_body, respond, respond_error
 from sessionmem_launcher.memory_client import MemoryClient
+from sessionmem_launcher.replay import history_from, load_counter, within_budget
+from sessionmem_launcher.summary import Compactor, summarizer_from_settings
 
 # Hop-by-hop and identity headers are not relayed to the agent.
 _NOT_RELAYED = {b"host", b"content-length", b"connection", b"transfer-encoding", b"keep-alive", b"upgrade"}
@@ -42,10 +42,13 @@ class ManagedLoop:
         client: MemoryClient,
         tracer: MemoryTracer,
         agent_transport: httpx.AsyncBaseTransport | None = None,
+        compactor: Compactor | None = None,
     ) -> None:
         self._settings = settings
         self._memory = client
         self._tracer = tracer
+        self._count_tokens = load_counter(settings.token_counter)
+        self.compactor = compactor or Compactor(settings, client, summarizer_from_settings(settings), tracer)
         self._agent = httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{settings.agent_port}",
             transport=agent_transport,
@@ -97,9 +100,11 @@ class ManagedLoop:
             send, status, answer, [*agent_headers, (wire.MEMORY_STATUS_HEADER.encode(), memory_status.encode())]
         )
 
-    async def _replay(self, conversation_id: str, capability: str | None, traceparent: str | None) -> list[Any] | None:
+    async def _replay(
+        self, conversation_id: str, capability: str | None, traceparent: str | None
+    ) -> list[dict[str, object]] | None:
         """The last turns as the agent sees them, or None when memory is unavailable."""
-        query = [(wire.LIMIT_PARAM, str(self._settings.replay_messages))]
+        query = [(wire.LIMIT_PARAM, str(self._settings.replay_messages)), ("summary", "true")]
         try:
             with self._tracer.span("get", conversation_id, traceparent) as span:
                 response = await self._memory.call(
@@ -116,8 +121,8 @@ class ManagedLoop:
                     return None
         except SessionMemError:
             return None
-        entries = orjson.loads(response.body).get("entries", [])
-        return [{"role": e["role"], "content": e["content"]} for e in entries]
+        summary, window = history_from(orjson.loads(response.body))
+        return within_budget(summary, window, self._settings.replay_tokens, self._count_tokens)
 
     async def _store(
         self, conversation_id: str, user: str, assistant: str, capability: str | None, traceparent: str | None
@@ -142,6 +147,7 @@ class ManagedLoop:
                     return False
         except SessionMemError:
             return False
+        self.compactor.after_append(conversation_id, int(orjson.loads(response.body).get("length", 0)), capability)
         return True
 
     async def _call_agent(self, scope: Scope, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
@@ -160,6 +166,7 @@ class ManagedLoop:
         return response.status_code, headers, response.content
 
     async def aclose(self) -> None:
+        await self.compactor.idle()
         await self._agent.aclose()
 
 

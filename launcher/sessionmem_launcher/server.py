@@ -20,8 +20,10 @@ from sessionmem_launcher.memory_api import MemoryEndpoint
 from sessionmem_launcher.memory_client import MemoryClient, memory_client_from_settings
 
 
-class _QuietServer(uvicorn.Server):
-    # Two servers share one process: signals are handled once, by run(), for both.
+class EmbeddedServer(uvicorn.Server):
+    """A uvicorn server that leaves signals alone: several share one process (and one test process),
+    so whoever owns the process handles SIGTERM, once, for all of them."""
+
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
@@ -33,7 +35,7 @@ class Launcher:
     tracer_provider: TracerProvider | None = None
     memory_client: MemoryClient | None = None
     serve_host: str = "0.0.0.0"
-    _servers: list[_QuietServer] = field(default_factory=list)
+    _servers: list[EmbeddedServer] = field(default_factory=list)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _loop_app: ManagedLoop | None = None
 
@@ -58,7 +60,7 @@ class Launcher:
                 http="httptools",
                 timeout_keep_alive=75,
             )
-            server = _QuietServer(config)
+            server = EmbeddedServer(config)
             self._servers.append(server)
             self._tasks.append(asyncio.create_task(server.serve()))
         while not all(s.started for s in self._servers):
@@ -94,6 +96,19 @@ class Launcher:
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         await self.stop()
+
+
+async def serve_in_background(
+    app: ASGIApp, host: str = "127.0.0.1", port: int = 0
+) -> tuple[EmbeddedServer, asyncio.Task[None], int]:
+    """Start ``app`` on the running loop; returns the server, its task and the bound port."""
+    server = EmbeddedServer(uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            raise RuntimeError(f"server on {host}:{port} failed to start")
+        await asyncio.sleep(0.005)
+    return server, task, _bound_port(server)
 
 
 def _bound_port(server: uvicorn.Server) -> int:

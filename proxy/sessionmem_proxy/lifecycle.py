@@ -35,7 +35,7 @@ async def _conversations_under(
     """Keys directly under ``prefix`` (no nested per-user keys when ``direct_only``), one page."""
     found: list[str] = []
     for _ in range(_MAX_SCANS_PER_PAGE):
-        cursor, keys = await ctx.store.scan(prefix + "*", cursor, _SCAN_BATCH)
+        cursor, keys = await ctx.store.scan(prefix + "*", cursor, max(1, limit - len(found)))
         found += [k for k in keys if not direct_only or ":" not in k[len(prefix) :]]
         if cursor == 0 or len(found) >= limit:
             break
@@ -125,7 +125,9 @@ def install_lifecycle_routes(app: FastAPI) -> None:
     )
     async def list_conversations(
         ctx: Ctx,
-        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        limit: Annotated[
+            int, Query(ge=1, le=500, description="Page size hint (Valkey SCAN): a page may hold a few more or fewer")
+        ] = 50,
         cursor: Annotated[str, Query(pattern=r"^[0-9]{1,20}$")] = "0",
         scope: ScopeQuery = Scope.SESSION,
         authorization: AuthHeader = None,

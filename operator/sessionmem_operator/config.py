@@ -1,0 +1,168 @@
+"""Operator settings: an optional YAML file (``SESSIONMEM_OPERATOR_CONFIG_FILE``) overridden by the
+``SESSIONMEM_OPERATOR_*`` variables the chart sets. Read once at start-up; a bad value stops the operator
+before it touches the cluster.
+
+YAML keys (all optional)::
+
+    proxyUrl: http://sessionmem-proxy.sessionmem.svc:8000   # unset: launchers talk to Valkey directly
+    launcherImage: ghcr.io/ctxmesh/sessionmem:0.1.0
+    audience: sessionmem-proxy
+    tokenExpirationSeconds: 600
+    namespaces: [team-a, team-b]        # unset or empty: the whole cluster
+    livenessEndpoint: http://0.0.0.0:8080/healthz
+    logFormat: json                      # json | plain
+    launcherResources: {requests: {cpu: 25m, memory: 64Mi}, limits: {memory: 256Mi}}
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from sessionmem_core import env
+from sessionmem_core.env import ConfigError
+
+DEFAULT_LAUNCHER_IMAGE = "ghcr.io/ctxmesh/sessionmem:0.1.0"
+# The API server refuses projected tokens valid for less than 10 minutes; a day is plenty for "short-lived".
+MIN_TOKEN_EXPIRATION_SECONDS = 600
+MAX_TOKEN_EXPIRATION_SECONDS = 24 * 3600
+DEFAULT_TOKEN_EXPIRATION_SECONDS = MIN_TOKEN_EXPIRATION_SECONDS
+DEFAULT_LAUNCHER_RESOURCES: Mapping[str, Mapping[str, str]] = {
+    "requests": {"cpu": "25m", "memory": "64Mi"},
+    "limits": {"memory": "256Mi"},
+}
+LOG_FORMATS = ("json", "plain")
+
+_FILE_KEYS = {
+    "proxyUrl",
+    "launcherImage",
+    "audience",
+    "tokenExpirationSeconds",
+    "namespaces",
+    "livenessEndpoint",
+    "logFormat",
+    "launcherResources",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    launcher_image: str = DEFAULT_LAUNCHER_IMAGE
+    proxy_url: str | None = None
+    audience: str = env.DEFAULT_AUDIENCE
+    token_expiration_seconds: int = DEFAULT_TOKEN_EXPIRATION_SECONDS
+    namespaces: tuple[str, ...] = ()
+    liveness_endpoint: str | None = None
+    log_format: str = "json"
+    launcher_resources: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: DEFAULT_LAUNCHER_RESOURCES)
+
+    def __post_init__(self) -> None:
+        if not self.launcher_image or any(c.isspace() for c in self.launcher_image):
+            raise ConfigError(f"launcher image {self.launcher_image!r} is not an image reference")
+        if self.proxy_url is not None:
+            parts = urlsplit(self.proxy_url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ConfigError(f"proxy URL {self.proxy_url!r} must be an http(s) URL with a host")
+        if not self.audience:
+            raise ConfigError("the token audience must not be empty")
+        if not MIN_TOKEN_EXPIRATION_SECONDS <= self.token_expiration_seconds <= MAX_TOKEN_EXPIRATION_SECONDS:
+            raise ConfigError(
+                f"token expiration {self.token_expiration_seconds}s is outside "
+                f"[{MIN_TOKEN_EXPIRATION_SECONDS}, {MAX_TOKEN_EXPIRATION_SECONDS}]"
+            )
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log format {self.log_format!r} must be one of {', '.join(LOG_FORMATS)}")
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.namespaces
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
+        environ = os.environ if environ is None else environ
+        values = _read_file(environ.get(env.OPERATOR_CONFIG_FILE) or None)
+        overrides = {
+            "proxyUrl": environ.get(env.OPERATOR_PROXY_URL),
+            "launcherImage": environ.get(env.OPERATOR_LAUNCHER_IMAGE),
+            "audience": environ.get(env.OPERATOR_AUDIENCE),
+            "tokenExpirationSeconds": environ.get(env.OPERATOR_TOKEN_EXPIRATION_SECONDS),
+        }
+        # An empty variable means "not set", so a chart can template it unconditionally.
+        values.update({key: value for key, value in overrides.items() if value})
+        return cls.from_mapping(values)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> OperatorConfig:
+        unknown = set(values) - _FILE_KEYS
+        if unknown:
+            raise ConfigError(f"unknown operator setting(s): {', '.join(sorted(unknown))}")
+        kwargs: dict[str, Any] = {}
+        if values.get("proxyUrl"):
+            kwargs["proxy_url"] = str(values["proxyUrl"]).rstrip("/")
+        if values.get("launcherImage"):
+            kwargs["launcher_image"] = str(values["launcherImage"])
+        if values.get("audience"):
+            kwargs["audience"] = str(values["audience"])
+        if values.get("tokenExpirationSeconds") not in (None, ""):
+            kwargs["token_expiration_seconds"] = _as_int("tokenExpirationSeconds", values["tokenExpirationSeconds"])
+        if values.get("namespaces"):
+            kwargs["namespaces"] = _as_names(values["namespaces"])
+        if values.get("livenessEndpoint"):
+            kwargs["liveness_endpoint"] = str(values["livenessEndpoint"])
+        if values.get("logFormat"):
+            kwargs["log_format"] = str(values["logFormat"])
+        if values.get("launcherResources") is not None:
+            kwargs["launcher_resources"] = _as_resources(values["launcherResources"])
+        return cls(**kwargs)
+
+
+def _read_file(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read the operator config file {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"the operator config file {path} is not valid YAML: {exc}") from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"the operator config file {path} must hold a mapping")
+    return dict(loaded)
+
+
+def _as_int(name: str, raw: object) -> int:
+    if isinstance(raw, bool):
+        raise ConfigError(f"{name}={raw!r} is not an integer")
+    try:
+        return int(str(raw))
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from exc
+
+
+def _as_names(raw: object) -> tuple[str, ...]:
+    if isinstance(raw, str):
+        items = [part.strip() for part in raw.split(",")]
+    elif isinstance(raw, list):
+        items = [str(part).strip() for part in raw]
+    else:
+        raise ConfigError(f"namespaces={raw!r} must be a list of names")
+    return tuple(item for item in items if item)
+
+
+def _as_resources(raw: object) -> Mapping[str, Mapping[str, str]]:
+    if not isinstance(raw, dict) or not set(raw) <= {"requests", "limits"}:
+        raise ConfigError("launcherResources must be a mapping with 'requests' and/or 'limits'")
+    result: dict[str, dict[str, str]] = {}
+    for section, quantities in raw.items():
+        if not isinstance(quantities, dict):
+            raise ConfigError(f"launcherResources.{section} must map resource names to quantities")
+        result[str(section)] = {str(name): str(quantity) for name, quantity in quantities.items()}
+    return result

@@ -1,0 +1,514 @@
+"""The CustomResourceDefinitions, built from the shared contract so no bound or default is written twice.
+
+``crds/agentdeployment.yaml`` and ``crds/agentregistry.yaml`` are generated from this module
+(``python -m sessionmem_operator.crds --write crds``); a unit test fails when they drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sessionmem_core import env, kube
+from sessionmem_core.ids import DNS_LABEL_MAX
+from sessionmem_core.keys import Scope
+
+Schema = dict[str, Any]
+
+# The Kubernetes rule for environment variable names (C_IDENTIFIER plus '-' and '.').
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# Names the operator or Knative set: a user value would be silently overwritten, so reject it up front.
+RESERVED_ENV_PREFIX = "SESSIONMEM_"
+KNATIVE_RESERVED_ENV = ("PORT", "K_SERVICE", "K_CONFIGURATION", "K_REVISION")
+# Go-style durations restricted to h/m/s, so CEL's duration() can bound them and Python can parse them.
+TTL_PATTERN = r"^([0-9]{1,6}h)?([0-9]{1,6}m)?([0-9]{1,7}s)?$"
+DEFAULT_TTL = f"{env.DEFAULT_TTL_SECONDS // 3600}h"
+# DNS-1035 label: AgentDeployment names become v1 Service names, which must start with a letter.
+DNS_1035_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+DNS_1123_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# "host:port" with a DNS name, an IPv4 address or a bracketed IPv6 address.
+BACKEND_ADDR_PATTERN = r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?):[0-9]{1,5}$"
+MAX_REPLAY_TOKENS = 10_000_000
+# Ports Knative's queue-proxy and autoscaler use inside every revision pod (knative.dev/serving reservedPorts).
+KNATIVE_RESERVED_PORTS = (8012, 8013, 8022, 9090, 9091, 8008)
+
+AGENT_SHORT_NAME = "agd"
+REGISTRY_SHORT_NAME = "agreg"
+CATEGORY = "sessionmem"
+
+
+def _with(schema: Schema, description: str, extra: dict[str, Any], validations: list[dict[str, str]] | None) -> Schema:
+    result = {**schema, "description": description, **extra}
+    if validations:
+        result["x-kubernetes-validations"] = validations
+    return result
+
+
+def string(description: str, *, validations: list[dict[str, str]] | None = None, **extra: Any) -> Schema:
+    return _with({"type": "string"}, description, extra, validations)
+
+
+def integer(description: str, **extra: Any) -> Schema:
+    return _with({"type": "integer"}, description, extra, None)
+
+
+def boolean(description: str, **extra: Any) -> Schema:
+    return _with({"type": "boolean"}, description, extra, None)
+
+
+def obj(
+    description: str,
+    properties: dict[str, Schema],
+    *,
+    required: list[str] | None = None,
+    validations: list[dict[str, str]] | None = None,
+) -> Schema:
+    schema: Schema = {"type": "object", "description": description, "properties": properties}
+    if required:
+        schema["required"] = required
+    return _with(schema, description, {}, validations)
+
+
+def array(description: str, items: Schema, **extra: Any) -> Schema:
+    return _with({"type": "array", "items": items}, description, extra, None)
+
+
+def rule(expression: str, message: str, **extra: str) -> dict[str, str]:
+    return {"rule": expression, "message": message, **extra}
+
+
+def _type_meta() -> dict[str, Schema]:
+    return {
+        "apiVersion": string(
+            f"APIVersion defines the versioned schema of this representation of an object (here {kube.API_VERSION})."
+        ),
+        "kind": string("Kind is the REST resource this object represents."),
+        # The API server forbids anything but a type here; kubectl explain shows ObjectMeta's own text.
+        "metadata": {"type": "object"},
+    }
+
+
+def _conditions() -> Schema:
+    condition = obj(
+        "One aspect of the object's state, in the metav1.Condition format.",
+        {
+            "type": string("Ready (mirrors the workload) or MemoryReady (memory wiring resolved).", maxLength=316),
+            "status": string("True, False or Unknown.", enum=["True", "False", "Unknown"]),
+            "reason": string("A CamelCase word for the last transition, e.g. NotARegistryMember.", maxLength=1024),
+            "message": string("A human-readable explanation of the last transition.", maxLength=32768),
+            "lastTransitionTime": string("When the status last changed.", format="date-time"),
+            "observedGeneration": integer(
+                "metadata.generation of the object this condition was computed from.", format="int64", minimum=0
+            ),
+        },
+        required=["type", "status", "lastTransitionTime"],
+    )
+    return array(
+        "Conditions Ready and MemoryReady.",
+        condition,
+        **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"], "maxItems": 8},
+    )
+
+
+def _memory_schema() -> Schema:
+    scopes = [scope.value for scope in Scope]
+    return obj(
+        "Conversation memory for this agent. Its presence is the switch: with it the operator adds the "
+        "sessionmem launcher as a sidecar (serving port and a 127.0.0.1 memory endpoint) and a projected "
+        "ServiceAccount token; without it the agent container serves alone. Adding or removing it rolls a "
+        "new revision.",
+        {
+            "scope": string(
+                "session: private memory of this agent (mem:<namespace>/<agent>:<conversationId>). shared: the "
+                "team scratchpad of the AgentRegistry listing this agent (mem:shared:<registry>:<conversationId>); "
+                "on an agent no registry lists, the private layout stays in effect and MemoryReady says why.",
+                enum=scopes,
+                default=Scope.SESSION.value,
+            ),
+            "perUser": boolean(
+                "Give every end user a bucket of their own inside the agent's private memory, derived from a "
+                "verified user identity (a signed run capability), never from a header the agent can set. "
+                "Session scope only.",
+                default=False,
+            ),
+            "backend": obj(
+                "Where conversations are stored when the operator is configured without a state-layer proxy "
+                "(direct mode). With a proxy configured the proxy owns the backend and this is ignored.",
+                {
+                    "addr": string(
+                        "Valkey address as host:port (a DNS name, an IPv4 address or a bracketed IPv6 address).",
+                        pattern=BACKEND_ADDR_PATTERN,
+                        maxLength=261,
+                        validations=[
+                            # Guarded by the pattern's port shape so a malformed value gets one error.
+                            rule(
+                                "!self.matches(':[0-9]{1,5}$') || "
+                                "(int(self.substring(self.lastIndexOf(':') + 1)) >= 1 && "
+                                "int(self.substring(self.lastIndexOf(':') + 1)) <= 65535)",
+                                "spec.sessionMemory.backend.addr must end with a port between 1 and 65535",
+                            )
+                        ],
+                    ),
+                },
+                required=["addr"],
+            ),
+            "replayMessages": integer(
+                "How many of the latest messages the launcher replays to the agent before each request.",
+                default=env.DEFAULT_REPLAY_MESSAGES,
+                minimum=0,
+                maximum=env.MAX_READ_LIMIT,
+            ),
+            "replayTokens": integer(
+                "Optional token budget for the replayed messages: older messages are dropped first until the "
+                "replay fits. Unset means no budget (only replayMessages applies).",
+                minimum=1,
+                maximum=MAX_REPLAY_TOKENS,
+            ),
+            "maxEntries": integer(
+                "Stored cap: the newest entries kept per conversation (older ones are trimmed on write).",
+                default=env.DEFAULT_CAP,
+                minimum=1,
+                maximum=env.MAX_CAP,
+            ),
+            "ttl": string(
+                "How long a conversation is kept after its last write (refreshed on every write, not on reads), "
+                "as a duration in hours, minutes and seconds, e.g. 24h, 90m, 1h30m. At least 1s, at most 720h.",
+                default=DEFAULT_TTL,
+                pattern=TTL_PATTERN,
+                minLength=2,
+                maxLength=24,
+                validations=[
+                    rule(
+                        # Guarded by the pattern so a malformed value gets one error, not two.
+                        f"!self.matches('{TTL_PATTERN}') || "
+                        f"(duration(self) >= duration('1s') && "
+                        f"duration(self) <= duration('{env.MAX_TTL_SECONDS}s'))",
+                        f"spec.sessionMemory.ttl must be between 1s and {env.MAX_TTL_SECONDS // 3600}h",
+                    )
+                ],
+            ),
+        },
+        validations=[
+            rule(
+                "!(has(self.perUser) && self.perUser && has(self.scope) && self.scope == 'shared')",
+                "spec.sessionMemory.perUser applies to session scope only (shared memory is the team's)",
+                fieldPath=".perUser",
+            )
+        ],
+    )
+
+
+def _env_schema() -> Schema:
+    reserved = ", ".join(f"'{name}'" for name in KNATIVE_RESERVED_ENV)
+    item = obj(
+        "A static environment variable for the agent container (no valueFrom: Knative rejects it).",
+        {
+            "name": string(
+                "Variable name. SESSIONMEM_* names are set by the operator and PORT/K_* by Knative: both reserved.",
+                pattern=ENV_NAME_PATTERN,
+                minLength=1,
+                maxLength=256,
+                validations=[
+                    rule(
+                        f"!self.startsWith('{RESERVED_ENV_PREFIX}')",
+                        f"spec.env[].name must not start with {RESERVED_ENV_PREFIX}: the operator sets those",
+                    ),
+                    rule(
+                        f"!(self in [{reserved}])",
+                        "spec.env[].name must not be PORT, K_SERVICE, K_CONFIGURATION or K_REVISION: "
+                        "Knative sets those",
+                    ),
+                ],
+            ),
+            "value": string("Variable value.", maxLength=32768),
+        },
+        required=["name"],
+    )
+    return array(
+        "Extra environment variables for the agent container (kept small and static).",
+        item,
+        maxItems=64,
+        **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+
+def agent_deployment_schema() -> Schema:
+    spec = obj(
+        "The desired agent workload.",
+        {
+            "image": string(
+                "Container image of the agent, e.g. ghcr.io/my-org/support-agent:1.4.0.",
+                minLength=1,
+                maxLength=1024,
+                pattern=r"^\S+$",
+            ),
+            "executionModel": string(
+                "serving: a Knative Service (scale to zero, a new revision per change). deployment: an apps/v1 "
+                "Deployment plus a v1 Service, for clusters without Knative.",
+                enum=["serving", "deployment"],
+                default="serving",
+            ),
+            "port": integer(
+                f"The port the agent process listens on, given to it as $PORT. Unset: {env.DEFAULT_SERVE_PORT} "
+                f"without sessionMemory (the agent serves), {env.DEFAULT_AGENT_PORT} with it (the launcher "
+                f"serves {env.DEFAULT_SERVE_PORT} and forwards here).",
+                minimum=1,
+                maximum=65535,
+            ),
+            "env": _env_schema(),
+            "sessionMemory": _memory_schema(),
+        },
+        required=["image"],
+        validations=[
+            rule(
+                f"!has(self.sessionMemory) || !has(self.port) || "
+                f"(self.port != {env.DEFAULT_SERVE_PORT} && self.port != {env.DEFAULT_LAUNCHER_PORT})",
+                f"spec.port must not be {env.DEFAULT_SERVE_PORT} or {env.DEFAULT_LAUNCHER_PORT} with "
+                "sessionMemory: the launcher sidecar listens there",
+                fieldPath=".port",
+            ),
+            rule(
+                f"!has(self.port) || self.executionModel != 'serving' || "
+                f"!(self.port in [{', '.join(str(p) for p in KNATIVE_RESERVED_PORTS)}])",
+                "spec.port must not be one of the ports Knative reserves in every revision pod "
+                f"({', '.join(str(p) for p in KNATIVE_RESERVED_PORTS)})",
+                fieldPath=".port",
+            ),
+        ],
+    )
+    status = obj(
+        "What the operator observed and made.",
+        {
+            "observedGeneration": integer(
+                "The metadata.generation the operator last reconciled.", format="int64", minimum=0
+            ),
+            "conditions": _conditions(),
+            "scope": string(
+                "The memory scope in effect (may differ from the requested one: shared needs registry "
+                "membership). Unset when sessionMemory is off.",
+                enum=[scope.value for scope in Scope],
+            ),
+            "registry": string("The AgentRegistry whose shared memory is in effect.", maxLength=DNS_LABEL_MAX),
+            "keyPrefix": string("The key prefix of this agent's conversations, e.g. mem:my-team/support-agent:."),
+            "workload": obj(
+                "The object running the agent.",
+                {
+                    "apiVersion": string("API version of the workload, e.g. serving.knative.dev/v1."),
+                    "kind": string("Kind of the workload: Service (Knative) or Deployment."),
+                    "name": string("Name of the workload (the AgentDeployment's name)."),
+                },
+            ),
+            "latestRevision": string("The latest Knative revision created for this agent (serving only)."),
+            "url": string("Where the agent is reachable: the Knative URL, or the in-cluster Service URL."),
+        },
+    )
+    return obj(
+        "An agent workload with optional conversation memory. The operator renders a Knative Service (or a "
+        "Deployment and Service), a per-agent ServiceAccount, and the memory wiring.",
+        {**_type_meta(), "spec": spec, "status": status},
+        required=["spec"],
+        # No fieldPath: the API server accepts none under metadata, so the messages name the field.
+        validations=[
+            rule(
+                f"size(self.metadata.name) <= {kube.MAX_AGENT_NAME}",
+                f"metadata.name must be at most {kube.MAX_AGENT_NAME} characters: Knative names revisions "
+                f"<name>-00001, which must fit a {DNS_LABEL_MAX}-character DNS label",
+            ),
+            rule(
+                f"self.metadata.name.matches('{DNS_1035_PATTERN}')",
+                "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a "
+                "letter): it names the agent's Service",
+            ),
+        ],
+    )
+
+
+def agent_registry_schema() -> Schema:
+    member = obj(
+        "An AgentDeployment in the team.",
+        {
+            "namespace": string(
+                "Namespace of the AgentDeployment.", pattern=DNS_1123_PATTERN, minLength=1, maxLength=DNS_LABEL_MAX
+            ),
+            "name": string(
+                "Name of the AgentDeployment.", pattern=DNS_1035_PATTERN, minLength=1, maxLength=kube.MAX_AGENT_NAME
+            ),
+        },
+        required=["namespace", "name"],
+    )
+    spec = obj(
+        "The team.",
+        {
+            "description": string("What the team is for.", maxLength=1024),
+            "members": array(
+                "The AgentDeployments that share this registry's memory (those with sessionMemory.scope shared). "
+                "An agent listed in more than one registry keeps its private layout.",
+                member,
+                default=[],
+                maxItems=1000,
+                **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["namespace", "name"]},
+            ),
+        },
+    )
+    status = obj(
+        "What the operator observed.",
+        {
+            "observedGeneration": integer(
+                "The metadata.generation the operator last handled.", format="int64", minimum=0
+            ),
+            "memberCount": integer("How many members spec.members lists.", minimum=0),
+            "members": array(
+                "The members the operator last wired (used to re-wire agents that were dropped).",
+                obj(
+                    "An AgentDeployment in the team.",
+                    {
+                        "namespace": string("Namespace of the AgentDeployment."),
+                        "name": string("Name of the AgentDeployment."),
+                    },
+                ),
+            ),
+            "keyPrefix": string("The key prefix of the team's shared conversations, e.g. mem:shared:<name>:."),
+        },
+    )
+    return obj(
+        "A team of agents sharing one memory space (the shared scope). Cluster-scoped: the shared key "
+        "mem:shared:<registry>:<conversationId> carries no namespace, so the name must be unique cluster-wide.",
+        {**_type_meta(), "spec": spec, "status": status},
+        validations=[
+            rule(
+                f"size(self.metadata.name) <= {DNS_LABEL_MAX} && self.metadata.name.matches('{DNS_1123_PATTERN}')",
+                f"metadata.name must be a DNS-1123 label (at most {DNS_LABEL_MAX} lowercase letters, digits "
+                "and '-'): it becomes part of the shared key",
+            )
+        ],
+    )
+
+
+def _column(name: str, json_path: str, description: str, *, type_: str = "string", priority: int = 0) -> Schema:
+    column: Schema = {"name": name, "type": type_, "jsonPath": json_path, "description": description}
+    if priority:
+        column["priority"] = priority
+    return column
+
+
+def _crd(
+    *, kind: str, plural: str, singular: str, short_name: str, scope: str, schema: Schema, columns: list[Schema]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{plural}.{kube.GROUP}",
+            "labels": {"app.kubernetes.io/part-of": "sessionmem"},
+        },
+        "spec": {
+            "group": kube.GROUP,
+            "scope": scope,
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": [short_name],
+                "categories": [CATEGORY],
+            },
+            "versions": [
+                {
+                    "name": kube.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+
+
+def _condition_path(condition: str, field: str = "status") -> str:
+    return f'.status.conditions[?(@.type=="{condition}")].{field}'
+
+
+def agent_deployment_crd() -> dict[str, Any]:
+    return _crd(
+        kind=kube.AGENT_KIND,
+        plural=kube.AGENT_PLURAL,
+        singular=kube.AGENT_KIND.lower(),
+        short_name=AGENT_SHORT_NAME,
+        scope="Namespaced",
+        schema=agent_deployment_schema(),
+        columns=[
+            _column("Model", ".spec.executionModel", "serving (Knative) or deployment."),
+            _column("Scope", ".status.scope", "Memory scope in effect."),
+            _column("Ready", _condition_path("Ready"), "The workload is up."),
+            _column("Memory", _condition_path("MemoryReady"), "The memory wiring is resolved."),
+            _column("Reason", _condition_path("MemoryReady", "reason"), "Why the wiring is what it is.", priority=1),
+            _column("Revision", ".status.latestRevision", "Latest Knative revision.", priority=1),
+            _column("URL", ".status.url", "Where the agent is reachable.", priority=1),
+            _column("Age", ".metadata.creationTimestamp", "Time since creation.", type_="date"),
+        ],
+    )
+
+
+def agent_registry_crd() -> dict[str, Any]:
+    return _crd(
+        kind=kube.REGISTRY_KIND,
+        plural=kube.REGISTRY_PLURAL,
+        singular=kube.REGISTRY_KIND.lower(),
+        short_name=REGISTRY_SHORT_NAME,
+        scope="Cluster",
+        schema=agent_registry_schema(),
+        columns=[
+            _column("Members", ".status.memberCount", "How many agents the team lists.", type_="integer"),
+            _column("Prefix", ".status.keyPrefix", "Key prefix of the shared memory.", priority=1),
+            _column("Age", ".metadata.creationTimestamp", "Time since creation.", type_="date"),
+        ],
+    )
+
+
+def apply_defaults(schema: Schema, value: Any) -> Any:
+    """What the API server's structural defaulting does to `value` (a copy), for offline rendering: unset
+    properties with a default get it, recursively; lists and explicit values are left as they are."""
+    if not isinstance(value, dict) or schema.get("type") != "object":
+        if isinstance(value, list) and isinstance(schema.get("items"), dict):
+            return [apply_defaults(schema["items"], item) for item in value]
+        return value
+    result = dict(value)
+    for name, prop in (schema.get("properties") or {}).items():
+        if name not in result and "default" in prop:
+            result[name] = copy.deepcopy(prop["default"])
+        if name in result:
+            result[name] = apply_defaults(prop, result[name])
+    return result
+
+
+HEADER = "# Generated by `python -m sessionmem_operator.crds --write crds` from sessionmem_core: do not edit.\n"
+
+CRD_FILES = {"agentdeployment.yaml": agent_deployment_crd, "agentregistry.yaml": agent_registry_crd}
+
+
+def render_yaml(crd: dict[str, Any]) -> str:
+    return HEADER + yaml.safe_dump(crd, sort_keys=False, width=120, allow_unicode=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--write", metavar="DIR", type=Path, help="write the CRD files into DIR (else print them)")
+    args = parser.parse_args(argv)
+    for file_name, build in CRD_FILES.items():
+        text = render_yaml(build())
+        if args.write is None:
+            sys.stdout.write("---\n" + text)
+        else:
+            (args.write / file_name).write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

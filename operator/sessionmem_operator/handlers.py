@@ -1,0 +1,127 @@
+"""The kopf handlers: thin routes from events to reconcile.py. Importing this module registers them.
+
+Run with ``python -m sessionmem_operator`` (or ``kopf run -m sessionmem_operator.handlers -A``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kopf
+
+from sessionmem_core import kube
+from sessionmem_operator import kubeapi, reconcile, registry
+from sessionmem_operator.config import OperatorConfig
+from sessionmem_operator.kopf_settings import apply_settings
+from sessionmem_operator.kubeapi import KubeApi
+from sessionmem_operator.reconcile import Logger, ReconcileError, Runtime
+
+# Retried reconciles wait this long (seconds) when the error gives no better hint.
+RETRY_DELAY = 5.0
+# Refusals (4xx) are re-checked less often: most need a human, but some clear by themselves, e.g. the
+# children of a just-deleted AgentDeployment of the same name still awaiting garbage collection.
+SLOW_RETRY_DELAY = 30.0
+# Registry deletions have no kopf retry (they arrive as plain watch events): a few attempts of our own.
+DELETION_ATTEMPTS = 3
+
+AGENTS = (kube.GROUP, kube.VERSION, kube.AGENT_PLURAL)
+REGISTRIES = (kube.GROUP, kube.VERSION, kube.REGISTRY_PLURAL)
+OWNED = {kube.LABEL_MANAGED_BY: kube.MANAGED_BY}
+
+Index = kopf.Index[tuple[str, str], str]
+# kopf hands an index to every handler as a keyword argument named after the index's id.
+MEMBERSHIP_INDEX = "registries_by_member"
+
+
+def _runtime(memo: Any) -> Runtime:
+    runtime = memo.get("runtime")
+    if not isinstance(runtime, Runtime):
+        raise kopf.TemporaryError("the operator is still starting", delay=1)
+    return runtime
+
+
+def _index(kwargs: dict[str, Any]) -> Index:
+    # kopf passes every index as a keyword named after its function; the handler protocols only allow
+    # such extras through **kwargs.
+    index: Index = kwargs[MEMBERSHIP_INDEX]
+    return index
+
+
+def _post_warning(body: Any, reason: str, message: str) -> None:
+    kopf.warn(body, reason=reason, message=message)
+
+
+def _retry(exc: ReconcileError) -> kopf.TemporaryError:
+    return kopf.TemporaryError(str(exc), delay=RETRY_DELAY if exc.retriable else SLOW_RETRY_DELAY)
+
+
+@kopf.on.login()
+async def login(**_: Any) -> kopf.ConnectionInfo:
+    # Replaces kopf's default logins: kopf and our own client must use the same credentials.
+    return await kubeapi.connection_info(await kubeapi.load_configuration())
+
+
+@kopf.on.startup()
+async def start(*, settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any) -> None:
+    config = OperatorConfig.load()
+    apply_settings(settings, config)
+    memo["runtime"] = Runtime(config=config, kube=await KubeApi.connect(), post_warning=_post_warning)
+    mode = f"via proxy {config.proxy_url}" if config.proxy_url else "direct to Valkey (no proxy configured)"
+    logger.info("sessionmem operator: launcher %s, memory %s", config.launcher_image, mode)
+
+
+@kopf.on.cleanup()
+async def stop(*, memo: Any, **_: Any) -> None:
+    runtime = memo.get("runtime")
+    if isinstance(runtime, Runtime):
+        await runtime.kube.close()
+
+
+@kopf.index(*REGISTRIES, id=MEMBERSHIP_INDEX)
+def registries_by_member(*, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], str]:
+    return registry.index_entries(name, body)
+
+
+@kopf.on.resume(*AGENTS)
+@kopf.on.create(*AGENTS)
+@kopf.on.update(*AGENTS)
+async def agent_deployment(*, namespace: str | None, name: str, memo: Any, logger: Logger, **kwargs: Any) -> None:
+    assert namespace is not None  # a namespaced kind
+    try:
+        await reconcile.reconcile_agent(_runtime(memo), namespace, name, _index(kwargs), logger)
+    except ReconcileError as exc:
+        raise _retry(exc) from exc
+
+
+@kopf.on.event("serving.knative.dev", "v1", "services", labels=OWNED)
+@kopf.on.event("apps", "v1", "deployments", labels=OWNED)
+async def workload(*, type: str | None, body: kopf.Body, memo: Any, logger: Logger, **kwargs: Any) -> None:
+    # Event handlers are not retried by kopf: the next status change of the workload brings a fresh try.
+    try:
+        await reconcile.workload_changed(_runtime(memo), type, body, _index(kwargs), logger)
+    except ReconcileError as exc:
+        logger.warning("%s", exc)
+
+
+@kopf.on.resume(*REGISTRIES)
+@kopf.on.create(*REGISTRIES)
+@kopf.on.update(*REGISTRIES)
+async def agent_registry(*, body: kopf.Body, memo: Any, logger: Logger, **kwargs: Any) -> None:
+    try:
+        await reconcile.registry_changed(_runtime(memo), body, _index(kwargs), logger, deleted=False)
+    except ReconcileError as exc:
+        raise _retry(exc) from exc
+
+
+@kopf.on.event(*REGISTRIES, when=lambda type, **_: type == "DELETED")
+async def agent_registry_deleted(*, body: kopf.Body, memo: Any, logger: Logger, **kwargs: Any) -> None:
+    for attempt in range(1, DELETION_ATTEMPTS + 1):
+        try:
+            await reconcile.registry_changed(_runtime(memo), body, _index(kwargs), logger, deleted=True)
+            return
+        except ReconcileError as exc:
+            if not exc.retriable or attempt == DELETION_ATTEMPTS:
+                logger.error("re-wiring the members of a deleted AgentRegistry failed: %s", exc)
+                return
+            await asyncio.sleep(RETRY_DELAY)

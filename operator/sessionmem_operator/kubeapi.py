@@ -1,0 +1,211 @@
+"""The operator's own Kubernetes calls: server-side apply, get, delete and status patches on the handful of
+kinds it manages, addressed by REST path (no discovery round-trips, and a kind whose CRD is absent, e.g.
+Knative on a cluster without it, is just a 404).
+
+Credentials come from kubernetes_asyncio's loaders (in-cluster ServiceAccount, else $KUBECONFIG), the same
+sources kopf's own login uses, into a private Configuration so nothing global is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import kopf
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from sessionmem_core import kube
+from sessionmem_operator.render import KNATIVE_API_VERSION
+
+FIELD_MANAGER = kube.MANAGED_BY
+REQUEST_TIMEOUT_SECONDS = 30.0
+_JSON = "application/json"
+_APPLY = "application/apply-patch+yaml"
+_MERGE = "application/merge-patch+json"
+_DEFAULT_KUBECONFIG = os.path.expanduser("~/.kube/config")
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None, name: str, subresource: str | None = None) -> str:
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        if self.namespaced:
+            if not namespace:
+                raise ValueError(f"{self.kind} is namespaced: a namespace is needed")
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        path = f"{base}/{self.plural}/{quote(name, safe='')}"
+        return f"{path}/{subresource}" if subresource else path
+
+
+SERVICE_ACCOUNT = Kind("v1", "ServiceAccount", "serviceaccounts")
+SERVICE = Kind("v1", "Service", "services")
+DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments")
+KNATIVE_SERVICE = Kind(KNATIVE_API_VERSION, "Service", "services")
+AGENT_DEPLOYMENT = Kind(kube.API_VERSION, kube.AGENT_KIND, kube.AGENT_PLURAL)
+AGENT_REGISTRY = Kind(kube.API_VERSION, kube.REGISTRY_KIND, kube.REGISTRY_PLURAL, namespaced=False)
+
+KINDS: Mapping[tuple[str, str], Kind] = {
+    (k.api_version, k.kind): k
+    for k in (SERVICE_ACCOUNT, SERVICE, DEPLOYMENT, KNATIVE_SERVICE, AGENT_DEPLOYMENT, AGENT_REGISTRY)
+}
+
+
+def kind_of(api_version: str, kind: str) -> Kind:
+    try:
+        return KINDS[(api_version, kind)]
+    except KeyError:
+        raise ValueError(f"the operator does not manage {kind} in {api_version}") from None
+
+
+class KubeError(Exception):
+    """A non-2xx answer; `status` is the HTTP code, `reason`/`message` come from the metav1.Status body."""
+
+    def __init__(self, method: str, path: str, status: int, body: str) -> None:
+        self.status = status
+        self.reason = ""
+        self.message = body[:2000]
+        try:
+            decoded = json.loads(body)
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, dict):
+            self.reason = str(decoded.get("reason", ""))
+            self.message = str(decoded.get("message", self.message))
+        super().__init__(f"{method} {path}: HTTP {status} {self.reason}: {self.message}")
+
+    @property
+    def retriable(self) -> bool:
+        """Worth retrying soon: conflicts, throttling, server trouble (and 0: no answer at all)."""
+        return self.status in (0, 409, 429) or self.status >= 500
+
+
+async def load_configuration() -> Any:
+    """In-cluster credentials when running in a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    configuration = k8s_client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        # $KUBECONFIG is read now: kubernetes_asyncio's own default was fixed when it was first imported.
+        config_file = os.environ.get("KUBECONFIG") or _DEFAULT_KUBECONFIG
+        await k8s_config.load_kube_config(
+            config_file=config_file, client_configuration=configuration, persist_config=False
+        )
+    return configuration
+
+
+async def connection_info(configuration: Any) -> kopf.ConnectionInfo:
+    """The same credentials for kopf's own watches, so the operator logs in exactly one way."""
+    header = await configuration.get_api_key_with_prefix("BearerToken")
+    scheme, _, token = str(header or "").rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=str(configuration.host),
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        scheme=scheme or ("Bearer" if token else None),
+        token=token or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
+
+
+class KubeApi:
+    def __init__(self, configuration: Any) -> None:
+        self._client = k8s_client.ApiClient(configuration=configuration)
+        # Shows in API server audit logs and in managedFields of non-apply writes.
+        self._client.user_agent = kube.MANAGED_BY
+
+    @classmethod
+    async def connect(cls) -> KubeApi:
+        return cls(await load_configuration())
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: object = None,
+        content_type: str = _JSON,
+        query: list[tuple[str, str]] | None = None,
+    ) -> dict[str, Any]:
+        try:
+            result = await self._client.call_api(
+                path,
+                method,
+                query_params=query or [],
+                header_params={"Accept": _JSON, "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                response_types_map={200: "object", 201: "object", 202: "object"},
+                _return_http_data_only=True,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+        except ApiException as exc:
+            raise KubeError(method, path, int(exc.status or 0), str(exc.body or exc.reason or "")) from exc
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise KubeError(method, path, 0, f"{type(exc).__name__}: {exc}") from exc
+        return result if isinstance(result, dict) else {}
+
+    async def get(self, kind: Kind, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The object, or None when it (or its whole kind) does not exist."""
+        try:
+            return await self._call("GET", kind.path(namespace, name))
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Create or update by server-side apply. Forced: the operator owns every field it renders, and a
+        field it stops rendering is removed."""
+        meta = manifest["metadata"]
+        kind = kind_of(str(manifest["apiVersion"]), str(manifest["kind"]))
+        return await self._call(
+            "PATCH",
+            kind.path(meta.get("namespace"), str(meta["name"])),
+            body=dict(manifest),
+            content_type=_APPLY,
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+        )
+
+    async def delete(self, kind: Kind, namespace: str | None, name: str, *, uid: str | None = None) -> bool:
+        """Delete (dependents in the background). With `uid`, only that incarnation of the object. Returns
+        False when it was already gone."""
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if uid is not None:
+            options["preconditions"] = {"uid": uid}
+        try:
+            await self._call("DELETE", kind.path(namespace, name), body=options)
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def patch_status(
+        self, kind: Kind, namespace: str | None, name: str, status: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch the status subresource (None values remove fields)."""
+        return await self._call(
+            "PATCH",
+            kind.path(namespace, name, "status"),
+            body={"status": dict(status)},
+            content_type=_MERGE,
+            query=[("fieldManager", FIELD_MANAGER)],
+        )

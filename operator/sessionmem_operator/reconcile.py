@@ -1,0 +1,278 @@
+"""Reconciliation: read the cluster, call the pure functions, write the result. The kopf handlers
+(handlers.py) only route events here.
+
+Every write is a server-side apply or a merge patch of the status, so running a reconcile twice changes
+nothing the second time. Within the process all work on one agent is serialised by a per-agent lock,
+because three event sources reach the same agent: its own changes, its workload's status, and the
+AgentRegistries that list it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sessionmem_core import kube
+from sessionmem_operator import kubeapi, registry
+from sessionmem_operator.config import OperatorConfig
+from sessionmem_operator.kubeapi import KubeApi, kind_of
+from sessionmem_operator.render import ObjectRef, render
+from sessionmem_operator.spec import AgentSpec, SpecError, parse_agent
+from sessionmem_operator.status import (
+    MEMORY_READY,
+    READY,
+    Condition,
+    WorkloadState,
+    condition_of,
+    now_rfc3339,
+    reconciled_status,
+    status_patch,
+    workload_state,
+    workload_status,
+)
+from sessionmem_operator.wiring import MemoryResolution, resolve_memory
+
+# (namespace, agent) -> registry names, as kept by kopf's index of AgentRegistries.
+MembershipIndex = Mapping[tuple[str, str], Iterable[str]]
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+# Posts a Warning Event about an object: kopf.warn in the operator, a recorder in tests.
+WarningPoster = Callable[[Mapping[str, Any], str, str], None]
+
+
+class ReconcileError(Exception):
+    """A reconcile could not finish; `retriable` says whether trying again soon can help."""
+
+    def __init__(self, message: str, *, retriable: bool) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+@dataclass
+class Runtime:
+    """Process-wide state of the operator, created at start-up and kept in kopf's memo."""
+
+    config: OperatorConfig
+    kube: KubeApi
+    post_warning: WarningPoster
+    _locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = field(
+        default_factory=weakref.WeakValueDictionary
+    )
+
+    def lock_for(self, namespace: str, name: str) -> asyncio.Lock:
+        # Weak values: a lock lives only while someone holds or waits for it, so the map does not grow
+        # with every agent ever seen.
+        lock = self._locks.get((namespace, name))
+        if lock is None:
+            lock = asyncio.Lock()
+            self._locks[(namespace, name)] = lock
+        return lock
+
+
+def _meta(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = body.get("metadata") or {}
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def controller_of(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, uid) of the AgentDeployment controlling a child object, if one does."""
+    for ref in _meta(body).get("ownerReferences") or ():
+        if ref.get("controller") and ref.get("apiVersion") == kube.API_VERSION and ref.get("kind") == kube.AGENT_KIND:
+            return str(ref.get("name")), str(ref.get("uid"))
+    return None
+
+
+def _workload_ref_of(status: Mapping[str, Any]) -> ObjectRef | None:
+    workload = status.get("workload")
+    if not isinstance(workload, Mapping) or not all(workload.get(k) for k in ("apiVersion", "kind", "name")):
+        return None
+    return ObjectRef(str(workload["apiVersion"]), str(workload["kind"]), str(workload["name"]))
+
+
+async def _remove_stale(runtime: Runtime, agent: AgentSpec, stale: Iterable[ObjectRef]) -> None:
+    """Delete what the other execution model made, but only objects this AgentDeployment controls: e.g.
+    Knative's own route Service has the agent's name too and must be left alone."""
+    for ref in stale:
+        kind = kind_of(ref.api_version, ref.kind)
+        existing = await runtime.kube.get(kind, agent.namespace, ref.name)
+        if existing is None:
+            continue
+        owner = controller_of(existing)
+        if owner is not None and owner[1] == agent.uid:
+            await runtime.kube.delete(kind, agent.namespace, ref.name, uid=str(_meta(existing).get("uid")))
+
+
+def _post_warning_on_transition(
+    runtime: Runtime, body: Mapping[str, Any], previous: Mapping[str, Any], resolution: MemoryResolution
+) -> None:
+    """A Warning Event when the wiring falls short of the request, once per transition (a resync or a
+    restart does not repeat it)."""
+    if not resolution.warning:
+        return
+    old = condition_of(previous, MEMORY_READY)
+    if old is not None and old.get("reason") == resolution.reason.value:
+        return
+    runtime.post_warning(body, resolution.reason.value, resolution.message)
+
+
+async def _write_status(
+    runtime: Runtime, namespace: str, name: str, previous: Mapping[str, Any], desired: Mapping[str, Any]
+) -> bool:
+    patch = status_patch(previous, desired)
+    if patch is None:
+        return False
+    await runtime.kube.patch_status(kubeapi.AGENT_DEPLOYMENT, namespace, name, patch)
+    return True
+
+
+def _as_reconcile_error(exc: kubeapi.KubeError, what: str) -> ReconcileError:
+    return ReconcileError(f"{what}: {exc}", retriable=exc.retriable)
+
+
+async def reconcile_agent(runtime: Runtime, namespace: str, name: str, index: MembershipIndex, logger: Logger) -> None:
+    """Render and apply everything an AgentDeployment needs, then record the outcome in its status.
+
+    Reads the object fresh (the event that triggered this may be older than its status)."""
+    async with runtime.lock_for(namespace, name):
+        try:
+            await _reconcile_locked(runtime, namespace, name, index, logger)
+        except kubeapi.KubeError as exc:
+            raise _as_reconcile_error(exc, f"reconciling AgentDeployment {namespace}/{name}") from exc
+
+
+async def _reconcile_locked(
+    runtime: Runtime, namespace: str, name: str, index: MembershipIndex, logger: Logger
+) -> None:
+    body = await runtime.kube.get(kubeapi.AGENT_DEPLOYMENT, namespace, name)
+    if body is None or _meta(body).get("deletionTimestamp"):
+        return  # gone or going: the garbage collector removes what it owned
+    try:
+        agent = parse_agent(body)
+    except SpecError as exc:
+        raise ReconcileError(f"AgentDeployment {namespace}/{name}: {exc}", retriable=False) from exc
+    previous: Mapping[str, Any] = body.get("status") or {}
+    resolution = resolve_memory(agent, registry.registries_for(namespace, name, index), runtime.config)
+    rendered = render(agent, resolution, runtime.config)
+
+    applied: dict[tuple[str, str], dict[str, Any]] = {}
+    try:
+        for manifest in rendered.objects:
+            applied[(manifest["apiVersion"], manifest["kind"])] = await runtime.kube.apply(manifest)
+    except kubeapi.KubeError as exc:
+        if not exc.retriable:
+            # Say so on the object (e.g. a webhook or RBAC refusing the workload) before giving up.
+            failed = WorkloadState(Condition(READY, "False", "ApplyFailed", exc.message))
+            desired = reconciled_status(
+                previous,
+                generation=agent.generation,
+                resolution=resolution,
+                workload_ref=rendered.workload,
+                state=failed,
+                now=now_rfc3339(),
+            )
+            await _write_status(runtime, namespace, name, previous, desired)
+        raise
+    # Clean-up only matters after a change of execution model (or a first reconcile).
+    if _workload_ref_of(previous) != rendered.workload:
+        await _remove_stale(runtime, agent, rendered.stale)
+
+    workload = applied[(rendered.workload.api_version, rendered.workload.kind)]
+    state = workload_state(rendered.workload, workload, namespace)
+    desired = reconciled_status(
+        previous,
+        generation=agent.generation,
+        resolution=resolution,
+        workload_ref=rendered.workload,
+        state=state,
+        now=now_rfc3339(),
+    )
+    _post_warning_on_transition(runtime, body, previous, resolution)
+    if await _write_status(runtime, namespace, name, previous, desired):
+        logger.info(
+            "reconciled: %s, memory %s (%s), ready %s",
+            rendered.workload.kind,
+            resolution.reason.value,
+            resolution.key_prefix or "no memory",
+            state.ready.status,
+        )
+
+
+async def workload_changed(
+    runtime: Runtime,
+    event_type: str | None,
+    workload: Mapping[str, Any],
+    index: MembershipIndex,
+    logger: Logger,
+) -> None:
+    """Mirror a workload's readiness into its AgentDeployment; re-create it if it was deleted from under a
+    live AgentDeployment."""
+    owner = controller_of(workload)
+    meta = _meta(workload)
+    namespace = str(meta.get("namespace") or "")
+    if owner is None or not namespace:
+        return
+    name, uid = owner
+    recreate = False
+    async with runtime.lock_for(namespace, name):
+        try:
+            parent = await runtime.kube.get(kubeapi.AGENT_DEPLOYMENT, namespace, name)
+            if parent is None or _meta(parent).get("uid") != uid or _meta(parent).get("deletionTimestamp"):
+                return
+            previous: Mapping[str, Any] = parent.get("status") or {}
+            current = _workload_ref_of(previous)
+            this = ObjectRef(str(workload.get("apiVersion")), str(workload.get("kind")), str(meta.get("name")))
+            if current is None or current != this:
+                return  # not (yet) the agent's workload: a stale one on its way out, or a first reconcile
+            if event_type == "DELETED":
+                recreate = True
+            else:
+                state = workload_state(this, workload, namespace)
+                desired = workload_status(previous, state=state, now=now_rfc3339())
+                if await _write_status(runtime, namespace, name, previous, desired):
+                    logger.debug("AgentDeployment %s/%s: Ready %s", namespace, name, state.ready.status)
+        except kubeapi.KubeError as exc:
+            raise _as_reconcile_error(exc, f"mirroring the workload status of {namespace}/{name}") from exc
+    if recreate:
+        logger.info("the workload of AgentDeployment %s/%s was deleted: re-creating it", namespace, name)
+        await reconcile_agent(runtime, namespace, name, index, logger)
+
+
+async def registry_changed(
+    runtime: Runtime,
+    body: Mapping[str, Any],
+    index: MembershipIndex,
+    logger: Logger,
+    *,
+    deleted: bool,
+) -> None:
+    """Re-wire the agents a registry lists now or listed before, then record the members it wired.
+
+    Every affected agent is attempted; if any fails the status is not updated, so the next attempt
+    (kopf's retry) sees the same affected set."""
+    if not deleted and registry.registry_up_to_date(body):
+        return
+    affected = sorted(registry.affected_members(body))
+    results = await asyncio.gather(
+        *(reconcile_agent(runtime, member.namespace, member.name, index, logger) for member in affected),
+        return_exceptions=True,
+    )
+    failures = [
+        (member, result) for member, result in zip(affected, results, strict=True) if isinstance(result, BaseException)
+    ]
+    for member, failure in failures:
+        logger.warning("re-wiring %s/%s failed: %s", member.namespace, member.name, failure)
+    if failures:
+        retriable = all(isinstance(f, ReconcileError) and f.retriable for _, f in failures)
+        raise ReconcileError(f"{len(failures)} of {len(affected)} members could not be re-wired", retriable=retriable)
+    if deleted:
+        return
+    registry_name = str(_meta(body).get("name"))
+    try:
+        await runtime.kube.patch_status(kubeapi.AGENT_REGISTRY, None, registry_name, registry.registry_status(body))
+    except kubeapi.KubeError as exc:
+        if exc.status != 404:  # deleted meanwhile: its DELETED event re-wires the members
+            raise _as_reconcile_error(exc, f"recording the members of AgentRegistry {registry_name}") from exc
+    logger.info("AgentRegistry %s: %d member(s) wired", registry_name, len(registry.spec_members(body)))

@@ -1,0 +1,277 @@
+"""Rendering (pure): AgentDeployment -> ServiceAccount + Knative Service, or Deployment + Service."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sessionmem_core import env, kube
+from sessionmem_operator import crds
+from sessionmem_operator.config import OperatorConfig
+from sessionmem_operator.render import AGENT_CONTAINER, WIRING_ANNOTATION, ObjectRef, Rendered, render
+from sessionmem_operator.spec import AgentSpec, parse_agent
+from sessionmem_operator.wiring import LAUNCHER_CONTAINER, TOKEN_VOLUME, resolve_memory
+
+REPO = Path(__file__).resolve().parents[2]
+PROXY = OperatorConfig(proxy_url="http://proxy.sessionmem.svc:8000", launcher_image="reg.example/launcher:1")
+DIRECT = OperatorConfig(launcher_image="reg.example/launcher:1")
+UID = "0b9d7c1e-0000-4000-8000-000000000001"
+
+
+def design_manifest() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((REPO / "examples" / "support-agent.yaml").read_text(encoding="utf-8"))
+    return loaded
+
+
+def as_stored(manifest: dict[str, Any], generation: int = 1) -> dict[str, Any]:
+    """The object as the API server stores it: defaulted, with a uid and a generation."""
+    schema = crds.agent_deployment_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    body: dict[str, Any] = crds.apply_defaults(schema, copy.deepcopy(manifest))
+    body["metadata"] = {**body["metadata"], "uid": UID, "generation": generation}
+    return body
+
+
+def agent_from(manifest: dict[str, Any]) -> AgentSpec:
+    return parse_agent(as_stored(manifest))
+
+
+def rendered(
+    manifest: dict[str, Any], config: OperatorConfig = PROXY, registries: tuple[str, ...] = ()
+) -> tuple[Rendered, AgentSpec]:
+    agent = agent_from(manifest)
+    return render(agent, resolve_memory(agent, registries, config), config), agent
+
+
+def by_kind(result: Rendered) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(m["apiVersion"], m["kind"]): m for m in result.objects}
+
+
+def containers(pod_spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in pod_spec["containers"]}
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {item["name"]: item["value"] for item in container.get("env", [])}
+
+
+def test_design_manifest_renders_a_knative_service_with_the_launcher_sidecar() -> None:
+    result, _ = rendered(design_manifest())
+    objects = by_kind(result)
+    assert list(objects) == [("v1", "ServiceAccount"), ("serving.knative.dev/v1", "Service")]
+    assert result.workload == ObjectRef("serving.knative.dev/v1", "Service", "support-agent")
+
+    ksvc = objects[("serving.knative.dev/v1", "Service")]
+    assert ksvc["metadata"]["name"] == "support-agent"
+    assert ksvc["metadata"]["namespace"] == "my-team"
+    template = ksvc["spec"]["template"]
+    pod = template["spec"]
+    assert pod["serviceAccountName"] == kube.agent_service_account("support-agent")
+    assert WIRING_ANNOTATION in template["metadata"]["annotations"]
+
+    launcher = containers(pod)[LAUNCHER_CONTAINER]
+    assert launcher["image"] == "reg.example/launcher:1"
+    assert launcher["command"] == ["python", "-m", "sessionmem_launcher"]
+    assert launcher["ports"] == [{"name": "http1", "containerPort": env.DEFAULT_SERVE_PORT, "protocol": "TCP"}]
+    assert env_of(launcher) == {
+        env.NAMESPACE: "my-team",
+        env.AGENT: "support-agent",
+        env.SCOPE: "session",
+        env.PER_USER: "false",
+        env.REPLAY_MESSAGES: "40",
+        env.CAP: "500",
+        env.TTL_SECONDS: str(24 * 3600),
+        env.LAUNCHER_PORT: str(env.DEFAULT_LAUNCHER_PORT),
+        env.SERVE_PORT: str(env.DEFAULT_SERVE_PORT),
+        env.AGENT_PORT: str(env.DEFAULT_AGENT_PORT),
+        env.PROXY_URL: "http://proxy.sessionmem.svc:8000",
+        env.TOKEN_PATH: env.DEFAULT_TOKEN_PATH,
+    }
+    # Knative rejects valueFrom: every variable is a static value.
+    assert all(set(item) == {"name", "value"} for item in launcher["env"])
+
+    agent = containers(pod)[AGENT_CONTAINER]
+    assert agent["image"] == "ghcr.io/my-org/support-agent:1.4.0"
+    assert "ports" not in agent  # Knative routes to the one container with a port: the launcher
+    assert env_of(agent) == {env.AGENT_PORT: "8081", env.LAUNCHER_PORT: "2998", "PORT": "8081"}
+    assert "volumeMounts" not in agent  # the token is the launcher's alone
+
+
+def test_projected_token_volume_has_the_configured_audience_and_is_mounted_read_only() -> None:
+    config = OperatorConfig(proxy_url="http://p:8000", audience="custom-aud", token_expiration_seconds=900)
+    result, _ = rendered(design_manifest(), config)
+    pod = by_kind(result)[("serving.knative.dev/v1", "Service")]["spec"]["template"]["spec"]
+    (volume,) = pod["volumes"]
+    assert volume["name"] == TOKEN_VOLUME
+    (source,) = volume["projected"]["sources"]
+    assert source == {"serviceAccountToken": {"audience": "custom-aud", "expirationSeconds": 900, "path": "token"}}
+    (mount,) = containers(pod)[LAUNCHER_CONTAINER]["volumeMounts"]
+    assert mount == {"name": TOKEN_VOLUME, "mountPath": "/var/run/secrets/sessionmem", "readOnly": True}
+    assert env_of(containers(pod)[LAUNCHER_CONTAINER])[env.TOKEN_PATH] == f"{mount['mountPath']}/token"
+
+
+def test_service_account_is_owned_labelled_and_without_api_token() -> None:
+    result, _ = rendered(design_manifest())
+    account = by_kind(result)[("v1", "ServiceAccount")]
+    assert account["metadata"]["name"] == "sessionmem-support-agent"
+    assert account["automountServiceAccountToken"] is False
+    assert account["metadata"]["labels"] == {
+        kube.LABEL_MANAGED_BY: kube.MANAGED_BY,
+        kube.LABEL_AGENT: "support-agent",
+    }
+
+
+def test_everything_is_controlled_by_the_agent_deployment() -> None:
+    for model in ("serving", "deployment"):
+        manifest = design_manifest()
+        manifest["spec"]["executionModel"] = model
+        result, _ = rendered(manifest)
+        for obj in result.objects:
+            assert obj["metadata"]["ownerReferences"] == [
+                {
+                    "apiVersion": kube.API_VERSION,
+                    "kind": kube.AGENT_KIND,
+                    "name": "support-agent",
+                    "uid": UID,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
+
+
+def test_without_session_memory_the_agent_serves_alone() -> None:
+    manifest = design_manifest()
+    del manifest["spec"]["sessionMemory"]
+    result, _ = rendered(manifest)
+    template = by_kind(result)[("serving.knative.dev/v1", "Service")]["spec"]["template"]
+    pod = template["spec"]
+    assert list(containers(pod)) == [AGENT_CONTAINER]
+    assert containers(pod)[AGENT_CONTAINER]["ports"] == [{"name": "http1", "containerPort": 8080, "protocol": "TCP"}]
+    assert "env" not in containers(pod)[AGENT_CONTAINER]  # Knative sets $PORT for the serving container
+    assert "volumes" not in pod
+    assert "annotations" not in template["metadata"]
+    assert result.wiring_hash is None
+    # Still its own identity, so it never runs as the namespace's default ServiceAccount.
+    assert pod["serviceAccountName"] == "sessionmem-support-agent"
+
+
+def test_toggling_or_rescoping_memory_changes_the_pod_template() -> None:
+    with_memory, _ = rendered(design_manifest())
+    manifest = design_manifest()
+    del manifest["spec"]["sessionMemory"]
+    without, _ = rendered(manifest)
+    manifest = design_manifest()
+    manifest["spec"]["sessionMemory"]["scope"] = "shared"
+    shared, _ = rendered(manifest, registries=("support-team",))
+
+    def template(result: Rendered) -> dict[str, Any]:
+        template: dict[str, Any] = by_kind(result)[("serving.knative.dev/v1", "Service")]["spec"]["template"]
+        return template
+
+    assert template(with_memory) != template(without)
+    assert template(with_memory) != template(shared)
+    assert with_memory.wiring_hash != shared.wiring_hash
+    launcher = containers(template(shared)["spec"])[LAUNCHER_CONTAINER]
+    assert env_of(launcher)[env.SCOPE] == "shared"
+    assert env_of(launcher)[env.REGISTRY] == "support-team"
+
+
+def test_rendering_is_deterministic() -> None:
+    first, _ = rendered(design_manifest())
+    second, _ = rendered(design_manifest())
+    assert first == second
+
+
+def test_deployment_model_gets_the_same_wiring_on_a_deployment_and_service() -> None:
+    manifest = design_manifest()
+    manifest["spec"]["executionModel"] = "deployment"
+    result, _ = rendered(manifest)
+    objects = by_kind(result)
+    assert list(objects) == [("v1", "ServiceAccount"), ("apps/v1", "Deployment"), ("v1", "Service")]
+    assert result.workload == ObjectRef("apps/v1", "Deployment", "support-agent")
+    assert result.stale == (ObjectRef("serving.knative.dev/v1", "Service", "support-agent"),)
+
+    serving, _ = rendered(design_manifest())
+    knative_template = by_kind(serving)[("serving.knative.dev/v1", "Service")]["spec"]["template"]
+    deployment = objects[("apps/v1", "Deployment")]
+    assert deployment["spec"]["template"] == knative_template
+    assert "replicas" not in deployment["spec"]  # left to `kubectl scale` / an HPA
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+    service = objects[("v1", "Service")]
+    assert service["spec"]["selector"] == selector
+    assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http1", "protocol": "TCP"}]
+
+
+def test_plain_deployment_without_memory_gets_the_port_env_knative_would_give() -> None:
+    manifest = design_manifest()
+    manifest["spec"]["executionModel"] = "deployment"
+    manifest["spec"]["port"] = 3000
+    del manifest["spec"]["sessionMemory"]
+    result, _ = rendered(manifest)
+    agent = containers(by_kind(result)[("apps/v1", "Deployment")]["spec"]["template"]["spec"])[AGENT_CONTAINER]
+    assert agent["ports"][0]["containerPort"] == 3000
+    assert env_of(agent) == {"PORT": "3000"}
+
+
+def test_custom_agent_port_sits_behind_the_launcher() -> None:
+    manifest = design_manifest()
+    manifest["spec"]["port"] = 3000
+    manifest["spec"]["env"] = [{"name": "LOG_LEVEL", "value": "debug"}]
+    result, _ = rendered(manifest)
+    pod = by_kind(result)[("serving.knative.dev/v1", "Service")]["spec"]["template"]["spec"]
+    assert env_of(containers(pod)[LAUNCHER_CONTAINER])[env.AGENT_PORT] == "3000"
+    assert env_of(containers(pod)[AGENT_CONTAINER]) == {
+        "LOG_LEVEL": "debug",
+        env.AGENT_PORT: "3000",
+        env.LAUNCHER_PORT: "2998",
+        "PORT": "3000",
+    }
+
+
+def test_direct_mode_sends_the_backend_address_and_no_token() -> None:
+    manifest = design_manifest()
+    manifest["spec"]["sessionMemory"]["backend"] = {"addr": "valkey.team.svc:6379"}
+    result, _ = rendered(manifest, DIRECT)
+    pod = by_kind(result)[("serving.knative.dev/v1", "Service")]["spec"]["template"]["spec"]
+    launcher_env = env_of(containers(pod)[LAUNCHER_CONTAINER])
+    assert launcher_env[env.BACKEND_ADDR] == "valkey.team.svc:6379"
+    assert env.PROXY_URL not in launcher_env
+    assert env.TOKEN_PATH not in launcher_env
+    assert "volumes" not in pod
+
+
+def test_with_a_proxy_the_backend_address_is_the_proxys_concern() -> None:
+    manifest = design_manifest()
+    manifest["spec"]["sessionMemory"]["backend"] = {"addr": "valkey.team.svc:6379"}
+    result, _ = rendered(manifest, PROXY)
+    pod = by_kind(result)[("serving.knative.dev/v1", "Service")]["spec"]["template"]["spec"]
+    assert env.BACKEND_ADDR not in env_of(containers(pod)[LAUNCHER_CONTAINER])
+
+
+def test_memory_settings_reach_the_launcher_env() -> None:
+    manifest = design_manifest()
+    manifest["spec"]["sessionMemory"].update(
+        {"perUser": True, "replayMessages": 12, "replayTokens": 4000, "maxEntries": 80, "ttl": "1h30m"}
+    )
+    result, _ = rendered(manifest)
+    pod = by_kind(result)[("serving.knative.dev/v1", "Service")]["spec"]["template"]["spec"]
+    launcher_env = env_of(containers(pod)[LAUNCHER_CONTAINER])
+    assert launcher_env[env.PER_USER] == "true"
+    assert launcher_env[env.REPLAY_MESSAGES] == "12"
+    assert launcher_env[env.REPLAY_TOKENS] == "4000"
+    assert launcher_env[env.CAP] == "80"
+    assert launcher_env[env.TTL_SECONDS] == str(5400)
+
+
+def test_launcher_env_is_what_the_launcher_settings_parse() -> None:
+    result, _ = rendered(design_manifest())
+    pod = by_kind(result)[("serving.knative.dev/v1", "Service")]["spec"]["template"]["spec"]
+    settings = env.LauncherSettings.from_env(env_of(containers(pod)[LAUNCHER_CONTAINER]))
+    assert (settings.namespace, settings.agent, settings.scope) == ("my-team", "support-agent", "session")
+    assert (settings.serve_port, settings.launcher_port, settings.agent_port) == (8080, 2998, 8081)
+    assert settings.token_path == env.DEFAULT_TOKEN_PATH
+    assert settings.proxy_url == "http://proxy.sessionmem.svc:8000"
