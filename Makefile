@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit integration bench soak envtest clean
+.PHONY: run test lint typecheck unit integration bench soak envtest crds crds-check helm clean
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,16 @@ integration: $(STAMP)
 ## Builds (once, cached per user) kube-apiserver, kube-controller-manager and etcd for the integration tests.
 envtest:
 	@bash tools/envtest/ensure-binaries.sh
+
+## Regenerates crds/ from the operator's schema and copies it into the chart (one source of truth).
+crds: $(STAMP)
+	@$(PY) -m sessionmem_operator.crds --write crds && bash tools/sync-crds.sh
+
+crds-check:
+	@bash tools/check-crds.sh
+
+helm:
+	@bash tools/helm/ensure-helm.sh
 
 bench: $(STAMP)
 	@$(PY) -m bench
