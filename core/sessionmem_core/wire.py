@@ -7,6 +7,7 @@ either; only the launcher is reachable from the agent's pod, on 127.0.0.1.
 from __future__ import annotations
 
 from enum import StrEnum
+from urllib.parse import quote
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -51,20 +52,25 @@ IDENTITY_HEADERS = frozenset(
 )
 
 
+def _segment(conversation_id: str) -> str:
+    # Percent-encoded: a valid id may hold '#', '?' or '%', which a URL would otherwise read as syntax.
+    return quote(conversation_id, safe="")
+
+
 def entries_path(conversation_id: str) -> str:
-    return f"{API_PREFIX}/conversations/{conversation_id}/entries"
+    return f"{API_PREFIX}/conversations/{_segment(conversation_id)}/entries"
 
 
 def conversation_path(conversation_id: str) -> str:
-    return f"{API_PREFIX}/conversations/{conversation_id}"
+    return f"{API_PREFIX}/conversations/{_segment(conversation_id)}"
 
 
 def search_path(conversation_id: str) -> str:
-    return f"{API_PREFIX}/conversations/{conversation_id}/search"
+    return f"{API_PREFIX}/conversations/{_segment(conversation_id)}/search"
 
 
 def export_path(conversation_id: str) -> str:
-    return f"{API_PREFIX}/conversations/{conversation_id}/export"
+    return f"{API_PREFIX}/conversations/{_segment(conversation_id)}/export"
 
 
 # Agent-wide and user-wide lifecycle operations (no conversation id in the path).
@@ -83,6 +89,23 @@ _OPS = {
     ("DELETE", ""): "delete",
 }
 _SUFFIXES = ("entries", "search", "export")
+
+
+_PATH_OF_OP = {
+    "get": entries_path,
+    "append": entries_path,
+    "search": search_path,
+    "export": export_path,
+    "info": conversation_path,
+    "replace": conversation_path,
+    "delete": conversation_path,
+}
+
+
+def memory_path(op: str, conversation_id: str | None, path: str) -> str:
+    """The (encoded) path to forward an operation to: rebuilt from the decoded id, so an id that needed
+    percent-encoding reaches the same key behind the launcher as in front of it."""
+    return path if conversation_id is None else _PATH_OF_OP[op](conversation_id)
 
 
 _AGENT_WIDE = {

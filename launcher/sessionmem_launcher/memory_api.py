@@ -53,7 +53,7 @@ class MemoryEndpoint:
             query = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
             response = await self._client.call(
                 scope["method"],
-                scope["path"],
+                wire.memory_path(op, conversation_id, scope["path"]),
                 query,
                 body or None,
                 capability=header(headers, wire.USER_CAPABILITY_HEADER.encode()),
