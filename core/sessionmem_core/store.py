@@ -22,6 +22,7 @@ from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 from valkey.exceptions import ValkeyError
 
+from sessionmem_core.api import SUMMARY_ID_PREFIX
 from sessionmem_core.errors import BackendUnavailable, VersionConflict
 from sessionmem_core.ids import new_message_id
 
@@ -95,13 +96,11 @@ local n = redis.call('LLEN', KEYS[1])
 local head = ''
 if n > #window then
   head = redis.call('LINDEX', KEYS[1], 0) or ''
-  local marker = '{"id":"summary-'
+  local marker = '{"id":"' .. ARGV[2]
   if string.sub(head, 1, #marker) ~= marker then head = '' end
 end
 return {head, window}
 """
-
-SUMMARY_ID_PREFIX = "summary-"
 
 _VERSION = re.compile(rb'^\{"id":"[^"]*","v":(\d+)')
 
@@ -191,7 +190,7 @@ class ConversationStore:
     async def read_with_summary(self, key: str, limit: int) -> ReadResult:
         if limit <= 0:
             return await self.read(key, 0)
-        head, window = await self._call(self._read_with_summary, key, [limit])
+        head, window = await self._call(self._read_with_summary, key, [limit, SUMMARY_ID_PREFIX])
         version = version_of(window[-1]) if window else 0
         return ReadResult(version=version, raw_entries=list(window), raw_summary=head or None)
 

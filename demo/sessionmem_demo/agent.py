@@ -42,7 +42,8 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
         request = {}
     if not isinstance(request, dict):
         request = {}
-    history = request.get("history") if isinstance(request.get("history"), list) else []
+    raw_history = request.get("history")
+    history: list[dict[str, Any]] = raw_history if isinstance(raw_history, list) else []
     answer = orjson.dumps({"output": reply(str(request.get("input", "")), history), "historySeen": len(history)})
     await send(
         {

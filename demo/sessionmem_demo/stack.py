@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from sessionmem_core import env, wire
+from sessionmem_core import api, env
 from sessionmem_proxy.identity import dev_token
 
 NAMESPACE, AGENT, CONVERSATION = "demo", "support-agent", "demo-conversation-1"
@@ -136,12 +136,12 @@ def _turn(pod_env: dict[str, str], text: str) -> str:
     response = httpx.post(
         f"http://127.0.0.1:{pod_env[env.SERVE_PORT]}/invoke",
         json={"input": text},
-        headers={wire.CONVERSATION_ID_HEADER: CONVERSATION},
+        headers={api.CONVERSATION_ID_HEADER: CONVERSATION},
         timeout=10,
     )
     response.raise_for_status()
     output = str(response.json()["output"])
-    memory = response.headers.get(wire.MEMORY_STATUS_HEADER, "?")
+    memory = response.headers.get(api.MEMORY_STATUS_HEADER, "?")
     _say(f"  you:   {text}")
     _say(f"  agent: {output}    [memory: {memory}]")
     return output
@@ -169,7 +169,7 @@ def main() -> int:
         _say("Same conversation, cold pod:")
         answer = _turn(pod_env, "Do you still know my name?")
         history = httpx.get(
-            f"http://127.0.0.1:{pod_env[env.LAUNCHER_PORT]}{wire.entries_path(CONVERSATION)}", timeout=5
+            f"http://127.0.0.1:{pod_env[env.LAUNCHER_PORT]}{api.entries_path(CONVERSATION)}", timeout=5
         ).json()
         for process in pod:
             process.kill(signal.SIGTERM)

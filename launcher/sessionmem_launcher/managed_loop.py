@@ -16,7 +16,7 @@ import httpx
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from sessionmem_core import env, wire
+from sessionmem_core import api, env
 from sessionmem_core.env import LauncherSettings
 from sessionmem_core.errors import InvalidRequest, SessionMemError
 from sessionmem_core.ids import new_message_id, validate_conversation_id
@@ -63,7 +63,7 @@ class ManagedLoop:
                 await respond(send, 200, b'{"status":"ok"}')
                 return
             body = await read_body(receive, env.MAX_BODY_BYTES)
-            conversation_id = header(scope["headers"], wire.CONVERSATION_ID_HEADER.encode())
+            conversation_id = header(scope["headers"], api.CONVERSATION_ID_HEADER.encode())
             if conversation_id is None:
                 status, headers, answer = await self._call_agent(scope, body)
                 await respond(send, status, answer, headers)
@@ -81,7 +81,7 @@ class ManagedLoop:
             raise InvalidRequest("a turn with X-Conversation-Id needs a string field 'input'")
         headers = scope["headers"]
         traceparent = header(headers, b"traceparent")
-        capability = header(headers, wire.USER_CAPABILITY_HEADER.encode())
+        capability = header(headers, api.USER_CAPABILITY_HEADER.encode())
 
         memory_status = "ok"
         history = await self._replay(conversation_id, capability, traceparent)
@@ -97,19 +97,19 @@ class ManagedLoop:
         elif memory_status == "ok":
             memory_status = "not-stored"
         await respond(
-            send, status, answer, [*agent_headers, (wire.MEMORY_STATUS_HEADER.encode(), memory_status.encode())]
+            send, status, answer, [*agent_headers, (api.MEMORY_STATUS_HEADER.encode(), memory_status.encode())]
         )
 
     async def _replay(
         self, conversation_id: str, capability: str | None, traceparent: str | None
     ) -> list[dict[str, object]] | None:
         """The last turns as the agent sees them, or None when memory is unavailable."""
-        query = [(wire.LIMIT_PARAM, str(self._settings.replay_messages)), ("summary", "true")]
+        query = [(api.LIMIT_PARAM, str(self._settings.replay_messages)), ("summary", "true")]
         try:
             with self._tracer.span("get", conversation_id, traceparent) as span:
                 response = await self._memory.call(
                     "GET",
-                    wire.entries_path(conversation_id),
+                    api.entries_path(conversation_id),
                     query,
                     None,
                     capability=capability,
@@ -139,7 +139,7 @@ class ManagedLoop:
         try:
             with self._tracer.span("append", conversation_id, traceparent) as span:
                 response = await self._memory.call(
-                    "POST", wire.entries_path(conversation_id), [], body, capability=capability, traceparent=traceparent
+                    "POST", api.entries_path(conversation_id), [], body, capability=capability, traceparent=traceparent
                 )
                 span.scope, span.entries, span.version = response.scope, response.entries, response.version
                 if response.status != 200:

@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from sessionmem_core import env, wire
+from sessionmem_core import api, env
 from sessionmem_core.errors import InvalidRequest, SessionMemError
 from sessionmem_core.ids import validate_conversation_id
 from sessionmem_core.telemetry import MemoryTracer
@@ -36,7 +36,7 @@ class MemoryEndpoint:
             await respond(send, 200, launcher_openapi())
             return
         try:
-            op, conversation_id = wire.memory_route(scope["method"], path)
+            op, conversation_id = api.memory_route(scope["method"], path)
             await self._forward(scope, receive, send, op, conversation_id)
         except SessionMemError as exc:
             await respond_error(send, exc)
@@ -53,10 +53,10 @@ class MemoryEndpoint:
             query = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
             response = await self._client.call(
                 scope["method"],
-                wire.memory_path(op, conversation_id, scope["path"]),
+                api.memory_path(op, conversation_id, scope["path"]),
                 query,
                 body or None,
-                capability=header(headers, wire.USER_CAPABILITY_HEADER.encode()),
+                capability=header(headers, api.USER_CAPABILITY_HEADER.encode()),
                 traceparent=traceparent,
                 if_match=header(headers, b"if-match"),
             )
@@ -84,7 +84,7 @@ def launcher_openapi() -> bytes:
     doc = create_app(ProxySettings.from_env({}), authenticator=DevAuthenticator()).openapi()
     doc["info"]["title"] = "sessionmem launcher memory endpoint"
     doc["info"]["description"] = "The agent's localhost memory API; identity, scope, cap and TTL come from the pod."
-    own = {wire.SCOPE_PARAM, wire.CAP_PARAM, wire.TTL_PARAM, wire.REDACT_PARAM, "authorization"}
+    own = {api.SCOPE_PARAM, api.CAP_PARAM, api.TTL_PARAM, api.REDACT_PARAM, "authorization"}
     paths = {}
     for path, item in doc["paths"].items():
         if path in ("/readyz", "/metrics"):

@@ -11,13 +11,13 @@ from urllib.parse import urlencode
 
 import httpx
 
-from sessionmem_core import wire
+from sessionmem_core import api
 from sessionmem_core.env import VALKEY_URL, LauncherSettings
 from sessionmem_core.errors import BackendUnavailable, Unauthenticated
 from sessionmem_core.telemetry import inject_traceparent
 
 # Set from the pod's configuration on every forwarded call, whatever the agent sent.
-_POD_PARAMS = frozenset({wire.SCOPE_PARAM, wire.CAP_PARAM, wire.TTL_PARAM, wire.REDACT_PARAM})
+_POD_PARAMS = frozenset({api.SCOPE_PARAM, api.CAP_PARAM, api.TTL_PARAM, api.REDACT_PARAM})
 
 
 class UserCapabilityRequired(Unauthenticated):
@@ -62,12 +62,12 @@ class MemoryClient:
 
     def _write_params(self) -> list[tuple[str, str]]:
         params = [
-            (wire.SCOPE_PARAM, self._settings.scope),
-            (wire.CAP_PARAM, str(self._settings.cap)),
-            (wire.TTL_PARAM, str(self._settings.ttl_seconds)),
+            (api.SCOPE_PARAM, self._settings.scope),
+            (api.CAP_PARAM, str(self._settings.cap)),
+            (api.TTL_PARAM, str(self._settings.ttl_seconds)),
         ]
         if self._settings.redact:
-            params.append((wire.REDACT_PARAM, ",".join(self._settings.redact)))
+            params.append((api.REDACT_PARAM, ",".join(self._settings.redact)))
         return params
 
     async def call(
@@ -86,15 +86,15 @@ class MemoryClient:
         if self._settings.per_user and capability is None:
             # Without the user's capability this agent's memory would mix users: refuse, never fall back.
             raise UserCapabilityRequired(
-                f"this agent keeps memory per user: send the {wire.USER_CAPABILITY_HEADER} header"
+                f"this agent keeps memory per user: send the {api.USER_CAPABILITY_HEADER} header"
             )
         params = [(k, v) for k, v in query if k not in _POD_PARAMS]
-        params += self._write_params() if method in ("POST", "PUT") else [(wire.SCOPE_PARAM, self._settings.scope)]
+        params += self._write_params() if method in ("POST", "PUT") else [(api.SCOPE_PARAM, self._settings.scope)]
         headers: dict[str, str] = {"content-type": "application/json"}
         if self._send_token:
             headers["authorization"] = f"Bearer {self._read_token()}"
         if capability is not None:
-            headers[wire.USER_CAPABILITY_HEADER] = capability
+            headers[api.USER_CAPABILITY_HEADER] = capability
         if if_match is not None:
             headers["if-match"] = if_match
         if self._propagate_current_span:
@@ -111,9 +111,9 @@ class MemoryClient:
         return MemoryResponse(
             status=response.status_code,
             body=content,
-            scope=response.headers.get(wire.SCOPE_HEADER),
-            entries=_int_header(response.headers, wire.ENTRIES_HEADER),
-            version=_int_header(response.headers, wire.VERSION_HEADER),
+            scope=response.headers.get(api.SCOPE_HEADER),
+            entries=_int_header(response.headers, api.ENTRIES_HEADER),
+            version=_int_header(response.headers, api.VERSION_HEADER),
         )
 
     def _read_token(self) -> str:

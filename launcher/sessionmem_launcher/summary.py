@@ -20,10 +20,9 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
-from sessionmem_core import wire
+from sessionmem_core import api
 from sessionmem_core.env import LauncherSettings
 from sessionmem_core.errors import SessionMemError
-from sessionmem_core.store import SUMMARY_ID_PREFIX
 from sessionmem_core.telemetry import MemoryTracer
 from sessionmem_launcher.memory_client import MemoryClient
 
@@ -101,7 +100,7 @@ class Compactor:
         try:
             with self._tracer.span("summarize", conversation_id, None) as span:
                 stored = await self._memory.call(
-                    "GET", wire.export_path(conversation_id), [], None, capability=capability, traceparent=None
+                    "GET", api.export_path(conversation_id), [], None, capability=capability, traceparent=None
                 )
                 if stored.status != 200:
                     span.fail(f"http_{stored.status}")
@@ -111,7 +110,7 @@ class Compactor:
                 keep = _window_start(entries, self._settings.replay_messages)
                 older, window = entries[:keep], entries[keep:]
                 previous = None
-                if older and str(older[0]["id"]).startswith(SUMMARY_ID_PREFIX):
+                if older and str(older[0]["id"]).startswith(api.SUMMARY_ID_PREFIX):
                     previous, older = str(older[0]["content"]), older[1:]
                 if not older:
                     return
@@ -119,11 +118,11 @@ class Compactor:
                     previous, [{"role": e["role"], "content": e["content"]} for e in older]
                 )
                 version = int(history["version"])
-                seed = [{"role": "system", "content": text, "id": f"{SUMMARY_ID_PREFIX}{version}"}]
+                seed = [{"role": "system", "content": text, "id": f"{api.SUMMARY_ID_PREFIX}{version}"}]
                 seed += [{"role": e["role"], "content": e["content"], "id": e["id"]} for e in window]
                 replaced = await self._memory.call(
                     "PUT",
-                    wire.conversation_path(conversation_id),
+                    api.conversation_path(conversation_id),
                     [],
                     orjson.dumps({"entries": seed}),
                     capability=capability,

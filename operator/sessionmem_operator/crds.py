@@ -17,6 +17,7 @@ import yaml
 from sessionmem_core import env, kube
 from sessionmem_core.ids import DNS_LABEL_MAX
 from sessionmem_core.keys import Scope
+from sessionmem_operator.spec import BUILTIN_REDACTORS, BUILTIN_SUMMARIZER, DEFAULT_TOKEN_COUNTER
 
 Schema = dict[str, Any]
 
@@ -34,6 +35,14 @@ DNS_1123_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # "host:port" with a DNS name, an IPv4 address or a bracketed IPv6 address.
 BACKEND_ADDR_PATTERN = r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?):[0-9]{1,5}$"
 MAX_REPLAY_TOKENS = 10_000_000
+# Redactor names an agent may opt into (the proxy's built-ins or names its SESSIONMEM_REDACT_PATTERNS defines).
+REDACTOR_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
+MAX_REDACTORS = 16
+# "builtin", or an http(s) URL with a host (the launcher POSTs to it from inside the pod).
+SUMMARIZER_ENDPOINT_PATTERN = rf"^({BUILTIN_SUMMARIZER}|https?://[^\s/?#@]+([/?#]\S*)?)$"
+MIN_SUMMARY_THRESHOLD = 2
+# "approx", or "package.module:function" importable in the launcher image.
+TOKEN_COUNTER_PATTERN = rf"^({DEFAULT_TOKEN_COUNTER}|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"
 # Ports Knative's queue-proxy and autoscaler use inside every revision pod (knative.dev/serving reservedPorts).
 KNATIVE_RESERVED_PORTS = (8012, 8013, 8022, 9090, 9091, 8008)
 
@@ -169,6 +178,15 @@ def _memory_schema() -> Schema:
                 minimum=1,
                 maximum=MAX_REPLAY_TOKENS,
             ),
+            "tokenCounter": string(
+                f"How replayed messages are counted against replayTokens (unused without it). {DEFAULT_TOKEN_COUNTER} "
+                "(default): a character-based estimate. Otherwise package.module:function, a callable from text "
+                "to a token count that must be importable in the launcher image (the launcher is a sidecar with "
+                "its own image, not the agent's); the launcher fails at start if it is not.",
+                default=DEFAULT_TOKEN_COUNTER,
+                pattern=TOKEN_COUNTER_PATTERN,
+                maxLength=256,
+            ),
             "maxEntries": integer(
                 "Stored cap: the newest entries kept per conversation (older ones are trimmed on write).",
                 default=env.DEFAULT_CAP,
@@ -192,13 +210,72 @@ def _memory_schema() -> Schema:
                     )
                 ],
             ),
+            "redact": array(
+                "Redactors the proxy applies to every message before anything is stored (what is replayed, "
+                f"exported or summarised is the redacted text): built-in {', '.join(BUILTIN_REDACTORS)}, or a "
+                "name the proxy's SESSIONMEM_REDACT_PATTERNS defines (a write naming an unknown redactor is "
+                "refused, so nothing is stored unredacted; in direct mode only the built-in ones exist). "
+                "Empty or unset: nothing is redacted.",
+                string(
+                    "A redactor name: lowercase letters, digits and '-', starting with a letter, at most 32.",
+                    pattern=REDACTOR_PATTERN,
+                    maxLength=32,
+                ),
+                maxItems=MAX_REDACTORS,
+                **{"x-kubernetes-list-type": "set"},
+            ),
+            "summary": obj(
+                "Rolling summary (session scope only): when a conversation holds more than threshold entries, the "
+                "launcher folds everything older than the replay window into one summary entry, in the "
+                "background, and replays that summary before the window. Unset, or without threshold: off.",
+                {
+                    "threshold": integer(
+                        "Entries a conversation may hold before it is summarised. At least "
+                        f"{MIN_SUMMARY_THRESHOLD}, greater than replayMessages (the window is kept as it is) and "
+                        "less than maxEntries (the stored cap trims a conversation before it could pass it). "
+                        "Unset: no summaries.",
+                        minimum=MIN_SUMMARY_THRESHOLD,
+                        maximum=env.MAX_CAP,
+                    ),
+                    "endpoint": string(
+                        f"Who writes the summary. {BUILTIN_SUMMARIZER} (default): the launcher's trivial built-in "
+                        "summariser (keeps what the user said, oldest first, bounded). Otherwise an http(s) URL on "
+                        "the agent side, usually the agent container in the same pod (e.g. "
+                        f"http://127.0.0.1:{env.DEFAULT_AGENT_PORT}/summarize), no user:password@: the launcher "
+                        'POSTs {"previousSummary", "entries": [{role, content}]} and expects {"summary": "..."}.',
+                        default=BUILTIN_SUMMARIZER,
+                        pattern=SUMMARIZER_ENDPOINT_PATTERN,
+                        maxLength=2048,
+                    ),
+                },
+            ),
         },
         validations=[
             rule(
                 "!(has(self.perUser) && self.perUser && has(self.scope) && self.scope == 'shared')",
                 "spec.sessionMemory.perUser applies to session scope only (shared memory is the team's)",
                 fieldPath=".perUser",
-            )
+            ),
+            rule(
+                "!has(self.summary) || !has(self.scope) || self.scope == 'session'",
+                "spec.sessionMemory.summary applies to session scope only (a rolling summary re-stamps authors, "
+                "which would erase who wrote what in a shared scratchpad)",
+                fieldPath=".summary",
+            ),
+            rule(
+                "!has(self.summary) || !has(self.summary.threshold) || self.summary.threshold > "
+                f"(has(self.replayMessages) ? self.replayMessages : {env.DEFAULT_REPLAY_MESSAGES})",
+                "spec.sessionMemory.summary.threshold must be greater than spec.sessionMemory.replayMessages "
+                "(the replay window is kept; only what lies beyond it is summarised)",
+                fieldPath=".summary.threshold",
+            ),
+            rule(
+                "!has(self.summary) || !has(self.summary.threshold) || self.summary.threshold < "
+                f"(has(self.maxEntries) ? self.maxEntries : {env.DEFAULT_CAP})",
+                "spec.sessionMemory.summary.threshold must be less than spec.sessionMemory.maxEntries "
+                "(the stored cap trims a conversation before it could pass the threshold)",
+                fieldPath=".summary.threshold",
+            ),
         ],
     )
 

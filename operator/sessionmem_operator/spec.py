@@ -25,6 +25,13 @@ class SpecError(ValueError):
     """The object does not parse: only possible when it bypassed the CRD schema (e.g. an old version)."""
 
 
+# What the launcher does when the spec says nothing (sessionmem_core.env.LauncherSettings' defaults).
+DEFAULT_TOKEN_COUNTER = "approx"
+BUILTIN_SUMMARIZER = "builtin"
+# The proxy's built-in redactors (sessionmem_proxy.redaction.BUILTIN); others come from the proxy's
+# SESSIONMEM_REDACT_PATTERNS, which a launcher in direct mode does not have.
+BUILTIN_REDACTORS = ("email", "phone", "card")
+
 _DURATION = re.compile(r"^(?:(?P<h>[0-9]+)h)?(?:(?P<m>[0-9]+)m)?(?:(?P<s>[0-9]+)s)?$")
 
 
@@ -38,6 +45,22 @@ def parse_duration(text: str) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class SummarySpec:
+    """Rolling summary: ``threshold`` None means off (the object alone does not switch it on)."""
+
+    threshold: int | None = None
+    endpoint: str = BUILTIN_SUMMARIZER
+
+    @classmethod
+    def from_spec(cls, raw: Mapping[str, Any]) -> SummarySpec:
+        threshold = raw.get("threshold")
+        return cls(
+            threshold=int(threshold) if threshold is not None else None,
+            endpoint=str(raw.get("endpoint") or BUILTIN_SUMMARIZER),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class MemorySpec:
     scope: Scope = Scope.SESSION
     per_user: bool = False
@@ -46,11 +69,15 @@ class MemorySpec:
     replay_tokens: int | None = None
     max_entries: int = env.DEFAULT_CAP
     ttl_seconds: int = env.DEFAULT_TTL_SECONDS
+    redact: tuple[str, ...] = ()
+    summary: SummarySpec | None = None
+    token_counter: str = DEFAULT_TOKEN_COUNTER
 
     @classmethod
     def from_spec(cls, raw: Mapping[str, Any]) -> MemorySpec:
         backend = raw.get("backend") or {}
         ttl = raw.get("ttl")
+        summary = raw.get("summary")
         try:
             return cls(
                 scope=Scope(raw.get("scope") or Scope.SESSION.value),
@@ -60,6 +87,9 @@ class MemorySpec:
                 replay_tokens=int(raw["replayTokens"]) if raw.get("replayTokens") else None,
                 max_entries=int(raw.get("maxEntries", env.DEFAULT_CAP)),
                 ttl_seconds=parse_duration(str(ttl)) if ttl else env.DEFAULT_TTL_SECONDS,
+                redact=tuple(str(name) for name in raw.get("redact") or ()),
+                summary=SummarySpec.from_spec(summary) if summary is not None else None,
+                token_counter=str(raw.get("tokenCounter") or DEFAULT_TOKEN_COUNTER),
             )
         except (TypeError, ValueError) as exc:
             raise SpecError(f"spec.sessionMemory: {exc}") from exc

@@ -17,7 +17,7 @@ from typing import Any
 from sessionmem_core import env, kube
 from sessionmem_core.keys import Scope, session_prefix, shared_prefix
 from sessionmem_operator.config import OperatorConfig
-from sessionmem_operator.spec import AgentSpec
+from sessionmem_operator.spec import BUILTIN_REDACTORS, DEFAULT_TOKEN_COUNTER, AgentSpec
 
 LAUNCHER_CONTAINER = "sessionmem-launcher"
 LAUNCHER_COMMAND = ["python", "-m", "sessionmem_launcher"]
@@ -62,7 +62,14 @@ def _backend_note(agent: AgentSpec, config: OperatorConfig) -> str:
     if config.proxy_url is not None:
         ignored = " (spec.sessionMemory.backend.addr is ignored: the proxy owns the backend)"
         return f"via the state-layer proxy {config.proxy_url}" + (ignored if agent.memory.backend_addr else "")
-    return f"directly on {backend_addr(agent)}"
+    unknown = [name for name in agent.memory.redact if name not in BUILTIN_REDACTORS]
+    refused = (
+        f" (redactors {', '.join(unknown)} are not built in and direct mode has no SESSIONMEM_REDACT_PATTERNS: "
+        "writes will be refused)"
+        if unknown
+        else ""
+    )
+    return f"directly on {backend_addr(agent)}" + refused
 
 
 def backend_addr(agent: AgentSpec) -> str:
@@ -134,6 +141,15 @@ def launcher_env(agent: AgentSpec, resolution: MemoryResolution, config: Operato
     ]
     if memory.replay_tokens is not None:
         variables.append(_env_var(env.REPLAY_TOKENS, memory.replay_tokens))
+    # The policies below are emitted only when set, so an object defaulted by a newer CRD keeps its template.
+    if memory.token_counter != DEFAULT_TOKEN_COUNTER:
+        variables.append(_env_var(env.TOKEN_COUNTER, memory.token_counter))
+    if memory.redact:
+        variables.append(_env_var(env.REDACT, ",".join(memory.redact)))
+    if memory.summary is not None:
+        if memory.summary.threshold is not None:
+            variables.append(_env_var(env.SUMMARY_THRESHOLD, memory.summary.threshold))
+        variables.append(_env_var(env.SUMMARIZER_URL, memory.summary.endpoint))
     variables += [
         _env_var(env.CAP, memory.max_entries),
         _env_var(env.TTL_SECONDS, memory.ttl_seconds),

@@ -16,7 +16,7 @@ from fastapi.responses import PlainTextResponse, Response
 from opentelemetry.trace import TracerProvider
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sessionmem_core import env, wire
+from sessionmem_core import api, env, wire
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import InvalidRequest, SessionMemError, error_body
 from sessionmem_core.ids import validate_conversation_id
@@ -43,10 +43,10 @@ ConversationIdPath = Annotated[
     str, Path(description="Conversation id: 1-128 chars, no '/', ':', whitespace or control")
 ]
 CapQuery = Annotated[
-    int, Query(alias=wire.CAP_PARAM, ge=1, le=env.MAX_CAP, description="Entries kept (LTRIM) after this write")
+    int, Query(alias=api.CAP_PARAM, ge=1, le=env.MAX_CAP, description="Entries kept (LTRIM) after this write")
 ]
 TtlQuery = Annotated[
-    int, Query(alias=wire.TTL_PARAM, ge=1, le=env.MAX_TTL_SECONDS, description="TTL in seconds this write refreshes")
+    int, Query(alias=api.TTL_PARAM, ge=1, le=env.MAX_TTL_SECONDS, description="TTL in seconds this write refreshes")
 ]
 RedactQuery = Annotated[
     str, Query(description="Comma-separated redactors applied before storing (email, phone, card, or configured)")
@@ -70,9 +70,9 @@ def _json(body: bytes, status: int = 200) -> Response:
 
 
 def _memory_json(body: bytes, scope: str, entries: int, version: int | None) -> Response:
-    headers = {wire.SCOPE_HEADER: scope, wire.ENTRIES_HEADER: str(entries)}
+    headers = {api.SCOPE_HEADER: scope, api.ENTRIES_HEADER: str(entries)}
     if version is not None:
-        headers[wire.VERSION_HEADER] = str(version)
+        headers[api.VERSION_HEADER] = str(version)
     return Response(content=body, media_type=JSON, headers=headers)
 
 
@@ -159,7 +159,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             # The router's path pattern cannot match some bad ids (a newline, say); the id rule names them.
             try:
-                conversation_id = wire.memory_route(request.method, request.scope["path"])[1]
+                conversation_id = api.memory_route(request.method, request.scope["path"])[1]
                 if conversation_id is not None:
                     validate_conversation_id(conversation_id)
             except SessionMemError as error:
@@ -169,7 +169,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def _install_routes(app: FastAPI) -> None:
-    prefix = wire.API_PREFIX
+    prefix = api.API_PREFIX
 
     @app.get("/healthz", response_model=wire.Health, tags=["health"])
     async def healthz() -> Response:

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Header, Query
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from sessionmem_core import wire
+from sessionmem_core import api, wire
 from sessionmem_core.errors import InvalidRequest
 from sessionmem_core.keys import Scope, session_prefix
 from sessionmem_proxy.context import Ctx, ProxyContext, identify
@@ -58,7 +58,7 @@ async def _delete_all(ctx: ProxyContext, prefix: str) -> tuple[list[str], int]:
 
 
 def install_lifecycle_routes(app: FastAPI) -> None:
-    prefix = wire.API_PREFIX
+    prefix = api.API_PREFIX
 
     @app.get(
         f"{prefix}/conversations/{{conversation_id:path}}/export",
@@ -167,7 +167,7 @@ def install_lifecycle_routes(app: FastAPI) -> None:
             return _json(wire.ClearResponse(conversations=len(removed), entries=entries))
 
     @app.delete(
-        wire.USER_CONVERSATIONS_PATH,
+        api.USER_CONVERSATIONS_PATH,
         response_model=wire.UserErasure,
         tags=["lifecycle"],
         summary="Erase everything of the end user named by the capability, across the agent's conversations",

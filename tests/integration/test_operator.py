@@ -334,6 +334,28 @@ def test_shared_scope_needs_registry_membership(
         ("port-clash", {"image": "x", "port": env.DEFAULT_SERVE_PORT, "sessionMemory": {}}, "spec.port"),
         ("knative-port", {"image": "x", "port": 8012}, "spec.port"),
         ("reserved-env", {"image": "x", "env": [{"name": env.SCOPE, "value": "shared"}]}, "spec.env[0].name"),
+        ("bad-redactor", {"image": "x", "sessionMemory": {"redact": ["E-mail"]}}, "spec.sessionMemory.redact[0]"),
+        ("dup-redactor", {"image": "x", "sessionMemory": {"redact": ["email", "email"]}}, "spec.sessionMemory.redact"),
+        (
+            "shared-summary",
+            {"image": "x", "sessionMemory": {"scope": "shared", "summary": {"threshold": 100}}},
+            "spec.sessionMemory.summary",
+        ),
+        (
+            "summary-past-cap",
+            {"image": "x", "sessionMemory": {"maxEntries": 100, "summary": {"threshold": 100}}},
+            "spec.sessionMemory.summary.threshold",
+        ),
+        (
+            "bad-endpoint",
+            {"image": "x", "sessionMemory": {"summary": {"endpoint": "ftp://x/y"}}},
+            "spec.sessionMemory.summary.endpoint",
+        ),
+        (
+            "bad-counter",
+            {"image": "x", "sessionMemory": {"tokenCounter": "tiktoken"}},
+            "spec.sessionMemory.tokenCounter",
+        ),
     ],
     ids=[
         "unknown-scope",
@@ -346,6 +368,12 @@ def test_shared_scope_needs_registry_membership(
         "port-clash",
         "knative-reserved-port",
         "reserved-env",
+        "bad-redactor",
+        "duplicate-redactor",
+        "summary-with-shared-scope",
+        "summary-threshold-at-cap",
+        "bad-summary-endpoint",
+        "bad-token-counter",
     ],
 )
 def test_invalid_manifests_are_rejected_naming_the_field(
@@ -356,6 +384,60 @@ def test_invalid_manifests_are_rejected_naming_the_field(
         kube_cluster.rest.create(doc, namespace=kube_namespace)
     assert caught.value.code == 422
     assert field in caught.value.message
+
+
+def test_memory_policies_reach_the_launcher_env(
+    kube_cluster: KubeTestCluster, kube_namespace: str, operator: KopfRunner
+) -> None:
+    ns = kube_namespace
+    policies = {
+        "replayMessages": 12,
+        "replayTokens": 4000,
+        "tokenCounter": "my_pkg.tokens:count",
+        "redact": ["email", "card", "employee-id"],
+        "summary": {"threshold": 60, "endpoint": "http://127.0.0.1:8081/summarize"},
+    }
+    kube_cluster.apply_manifests(manifest(ns, sessionMemory=policies))
+    ksvc = wait_workload(kube_cluster, ns, lambda b: has_launcher(b) and env.REDACT in launcher_env(b), "policy env")
+    variables = launcher_env(ksvc)
+    assert variables[env.REDACT] == "email,card,employee-id"
+    assert variables[env.SUMMARY_THRESHOLD] == "60"
+    assert variables[env.SUMMARIZER_URL] == "http://127.0.0.1:8081/summarize"
+    assert variables[env.REPLAY_MESSAGES] == "12"
+    assert variables[env.REPLAY_TOKENS] == "4000"
+    assert variables[env.TOKEN_COUNTER] == "my_pkg.tokens:count"
+    first_hash = pod_template(ksvc)["metadata"]["annotations"][f"{kube.GROUP}/memory-wiring"]
+
+    # Back to the defaults (the API server fills in tokenCounter: approx): the policy env goes, the hash moves.
+    kube_cluster.apply_manifests(manifest(ns, sessionMemory={"scope": "session"}))
+    plain = wait_workload(kube_cluster, ns, lambda b: env.REDACT not in launcher_env(b), "the policy env gone")
+    assert not {env.TOKEN_COUNTER, env.SUMMARY_THRESHOLD, env.SUMMARIZER_URL, env.REPLAY_TOKENS} & set(
+        launcher_env(plain)
+    )
+    assert (agent(kube_cluster, ns) or {})["spec"]["sessionMemory"]["tokenCounter"] == "approx"
+    assert pod_template(plain)["metadata"]["annotations"][f"{kube.GROUP}/memory-wiring"] != first_hash
+    wait_condition(kube_cluster, ns, "MemoryReady", "True", "Wired")
+
+
+@pytest.mark.parametrize("threshold", [10, 12], ids=["below-replay-window", "equal-to-replay-window"])
+def test_summary_threshold_within_the_replay_window_is_rejected(
+    kube_cluster: KubeTestCluster, kube_namespace: str, threshold: int
+) -> None:
+    memory = {"replayMessages": 12, "summary": {"threshold": threshold}}
+    doc = manifest(kube_namespace, name=f"summary-{threshold}", sessionMemory=memory)
+    with pytest.raises(KubeApiError) as caught:
+        kube_cluster.rest.create(doc, namespace=kube_namespace)
+    assert caught.value.code == 422
+    assert "spec.sessionMemory.summary.threshold" in caught.value.message
+    assert "replayMessages" in caught.value.message
+    # Past the window (and below the cap) the same spec is accepted.
+    accepted = kube_cluster.rest.create(
+        manifest(
+            kube_namespace, name=f"summary-ok-{threshold}", sessionMemory={**memory, "summary": {"threshold": 13}}
+        ),
+        namespace=kube_namespace,
+    )
+    assert accepted["spec"]["sessionMemory"]["summary"] == {"threshold": 13, "endpoint": "builtin"}
 
 
 def test_a_name_of_exactly_the_limit_is_accepted(kube_cluster: KubeTestCluster, kube_namespace: str) -> None:

@@ -3,6 +3,7 @@ generated."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,8 @@ import pytest
 import yaml
 
 from sessionmem_core import env, kube
-from sessionmem_operator import crds
+from sessionmem_operator import crds, spec
+from sessionmem_proxy.redaction import BUILTIN
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,9 +97,89 @@ def test_apply_defaults_matches_the_design_manifest_expectations() -> None:
         "scope": "session",
         "perUser": False,
         "replayMessages": 40,
+        "tokenCounter": "approx",
         "maxEntries": 500,
         "ttl": "24h",
     }
     # No sessionMemory stays no sessionMemory: defaulting never switches memory on.
     bare = crds.apply_defaults(_agent_schema(), {"spec": {"image": "x"}})
     assert bare["spec"] == {"image": "x", "executionModel": "serving"}
+
+
+def _memory_schema() -> dict[str, Any]:
+    memory: dict[str, Any] = _agent_schema()["properties"]["spec"]["properties"]["sessionMemory"]
+    return memory
+
+
+def test_memory_policy_fields_defaults_and_bounds() -> None:
+    memory = _memory_schema()["properties"]
+    redact = memory["redact"]
+    assert redact["items"]["pattern"] == "^[a-z][a-z0-9-]{0,31}$"
+    assert redact["maxItems"] == 16
+    assert redact["x-kubernetes-list-type"] == "set"  # duplicates are refused by the API server
+    assert "default" not in redact
+    summary = memory["summary"]["properties"]
+    assert "default" not in memory["summary"]  # absent = off, never switched on by defaulting
+    assert "default" not in summary["threshold"]
+    assert summary["threshold"]["minimum"] == 2
+    assert summary["threshold"]["maximum"] == env.MAX_CAP  # what LauncherSettings accepts
+    assert summary["endpoint"]["default"] == "builtin"
+    assert memory["tokenCounter"]["default"] == "approx"
+    assert memory["tokenCounter"]["pattern"] == r"^(approx|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"
+
+
+def test_policy_defaults_are_the_launchers_and_the_proxys() -> None:
+    defaults = {f.name: f.default for f in env.LauncherSettings.__dataclass_fields__.values()}
+    assert defaults["token_counter"] == spec.DEFAULT_TOKEN_COUNTER
+    assert defaults["summarizer_url"] == spec.BUILTIN_SUMMARIZER
+    assert set(spec.BUILTIN_REDACTORS) == set(BUILTIN)
+    pattern = re.compile(_memory_schema()["properties"]["redact"]["items"]["pattern"])
+    assert all(pattern.match(name) for name in BUILTIN)
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("builtin", True),
+        ("http://127.0.0.1:8081/summarize", True),
+        ("https://summarizer.team.svc/v1?x=1", True),
+        ("http://localhost:8081", True),
+        ("ftp://host/x", False),
+        ("http://", False),
+        ("http://user:secret@host/x", False),
+        ("http://host/with space", False),
+        ("Builtin", False),
+        ("", False),
+    ],
+)
+def test_summary_endpoint_pattern(value: str, ok: bool) -> None:
+    pattern = _memory_schema()["properties"]["summary"]["properties"]["endpoint"]["pattern"]
+    assert bool(re.match(pattern, value)) is ok
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("approx", True),
+        ("tiktoken_count:count", True),
+        ("my_pkg.tokens:count_tokens", True),
+        ("approx:x", True),
+        ("my_pkg.tokens", False),
+        ("my-pkg:count", False),
+        ("pkg:1count", False),
+        (":count", False),
+        ("", False),
+    ],
+)
+def test_token_counter_pattern(value: str, ok: bool) -> None:
+    pattern = _memory_schema()["properties"]["tokenCounter"]["pattern"]
+    assert bool(re.match(pattern, value)) is ok
+
+
+def test_summary_rules_name_the_field() -> None:
+    rules = {r["fieldPath"]: r for r in _memory_schema()["x-kubernetes-validations"] if "summary" in r["rule"]}
+    assert set(rules) == {".summary", ".summary.threshold"}
+    messages = [r["message"] for r in _memory_schema()["x-kubernetes-validations"] if "summary" in r["rule"]]
+    assert any("summary.threshold must be greater than spec.sessionMemory.replayMessages" in m for m in messages)
+    assert any("summary.threshold must be less than spec.sessionMemory.maxEntries" in m for m in messages)
+    assert any("summary applies to session scope only" in m for m in messages)

@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from sessionmem_core import env, kube
@@ -275,3 +276,88 @@ def test_launcher_env_is_what_the_launcher_settings_parse() -> None:
     assert (settings.serve_port, settings.launcher_port, settings.agent_port) == (8080, 2998, 8081)
     assert settings.token_path == env.DEFAULT_TOKEN_PATH
     assert settings.proxy_url == "http://proxy.sessionmem.svc:8000"
+
+
+POLICIES: dict[str, Any] = {
+    "replayMessages": 12,
+    "replayTokens": 4000,
+    "tokenCounter": "my_pkg.tokens:count",
+    "redact": ["email", "card", "employee-id"],
+    "summary": {"threshold": 60, "endpoint": "http://127.0.0.1:8081/summarize"},
+}
+
+
+def launcher_env_for(memory: dict[str, Any], config: OperatorConfig = PROXY) -> dict[str, str]:
+    manifest = design_manifest()
+    manifest["spec"]["sessionMemory"] = memory
+    result, _ = rendered(manifest, config)
+    pod = by_kind(result)[("serving.knative.dev/v1", "Service")]["spec"]["template"]["spec"]
+    return env_of(containers(pod)[LAUNCHER_CONTAINER])
+
+
+def test_memory_policies_reach_the_launcher_env_and_parse_back() -> None:
+    variables = launcher_env_for(copy.deepcopy(POLICIES))
+    assert variables[env.REPLAY_TOKENS] == "4000"
+    assert variables[env.TOKEN_COUNTER] == "my_pkg.tokens:count"
+    assert variables[env.REDACT] == "email,card,employee-id"
+    assert variables[env.SUMMARY_THRESHOLD] == "60"
+    assert variables[env.SUMMARIZER_URL] == "http://127.0.0.1:8081/summarize"
+    settings = env.LauncherSettings.from_env(variables)
+    assert settings.redact == ("email", "card", "employee-id")
+    assert (settings.summary_threshold, settings.summarizer_url) == (60, "http://127.0.0.1:8081/summarize")
+    assert (settings.replay_tokens, settings.token_counter) == (4000, "my_pkg.tokens:count")
+
+
+def test_default_policies_add_no_env() -> None:
+    """An object defaulted by this CRD (tokenCounter: approx, no redact, no summary) keeps the template it
+    had before these fields existed: upgrading the operator rolls no revision."""
+    variables = launcher_env_for({"tokenCounter": "approx", "redact": []})
+    assert not {env.TOKEN_COUNTER, env.REDACT, env.SUMMARY_THRESHOLD, env.SUMMARIZER_URL} & set(variables)
+    before, _ = rendered(design_manifest())
+    manifest = design_manifest()
+    manifest["spec"]["sessionMemory"].update({"tokenCounter": "approx", "redact": []})
+    after, _ = rendered(manifest)
+    assert before.wiring_hash == after.wiring_hash
+
+
+def test_summary_without_threshold_is_off_but_its_endpoint_is_still_visible() -> None:
+    variables = launcher_env_for({"summary": {"endpoint": "http://127.0.0.1:8081/summarize"}})
+    assert env.SUMMARY_THRESHOLD not in variables
+    assert variables[env.SUMMARIZER_URL] == "http://127.0.0.1:8081/summarize"
+    assert env.LauncherSettings.from_env(variables).summary_threshold == 0  # off
+    variables = launcher_env_for({"summary": {"threshold": 50}})
+    assert (variables[env.SUMMARY_THRESHOLD], variables[env.SUMMARIZER_URL]) == ("50", "builtin")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("redact", ["email", "card"]),
+        ("redact", ["email", "card", "phone"]),
+        ("summary", {"threshold": 61, "endpoint": "http://127.0.0.1:8081/summarize"}),
+        ("summary", {"threshold": 60, "endpoint": "builtin"}),
+        ("summary", {"endpoint": "http://127.0.0.1:8081/summarize"}),
+        ("tokenCounter", "approx"),
+        ("tokenCounter", "other.tokens:count"),
+        ("replayTokens", 4001),
+    ],
+)
+def test_changing_any_policy_changes_the_pod_template(field: str, value: Any) -> None:
+    def render_with(memory: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        manifest = design_manifest()
+        manifest["spec"]["sessionMemory"] = memory
+        result, _ = rendered(manifest)
+        template: dict[str, Any] = by_kind(result)[("serving.knative.dev/v1", "Service")]["spec"]["template"]
+        return template, result.wiring_hash
+
+    base_template, base_hash = render_with(copy.deepcopy(POLICIES))
+    changed_template, changed_hash = render_with({**copy.deepcopy(POLICIES), field: value})
+    assert changed_template != base_template
+    assert changed_hash != base_hash
+    assert changed_template["metadata"]["annotations"][WIRING_ANNOTATION] == changed_hash
+
+
+def test_direct_mode_launcher_gets_the_same_policy_env() -> None:
+    names = (env.REPLAY_TOKENS, env.TOKEN_COUNTER, env.REDACT, env.SUMMARY_THRESHOLD, env.SUMMARIZER_URL)
+    proxy, direct = launcher_env_for(copy.deepcopy(POLICIES)), launcher_env_for(copy.deepcopy(POLICIES), DIRECT)
+    assert {name: proxy[name] for name in names} == {name: direct[name] for name in names}

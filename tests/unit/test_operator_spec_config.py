@@ -10,7 +10,7 @@ from sessionmem_core import env
 from sessionmem_core.env import ConfigError
 from sessionmem_core.keys import Scope
 from sessionmem_operator.config import DEFAULT_LAUNCHER_IMAGE, OperatorConfig
-from sessionmem_operator.spec import ExecutionModel, SpecError, parse_agent, parse_duration
+from sessionmem_operator.spec import ExecutionModel, SpecError, SummarySpec, parse_agent, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -40,8 +40,34 @@ def test_parse_agent_applies_defaults_when_the_server_did_not() -> None:
     assert agent.memory.max_entries == env.DEFAULT_CAP
     assert agent.memory.ttl_seconds == env.DEFAULT_TTL_SECONDS
     assert agent.memory.replay_tokens is None
+    assert agent.memory.redact == ()
+    assert agent.memory.summary is None
+    assert agent.memory.token_counter == "approx"
     assert agent.agent_port == env.DEFAULT_AGENT_PORT
     assert agent.serving_port == env.DEFAULT_SERVE_PORT
+
+
+def test_parse_agent_reads_the_memory_policies() -> None:
+    memory = {
+        "redact": ["email", "card", "employee-id"],
+        "summary": {"threshold": 60, "endpoint": "http://127.0.0.1:8081/summarize"},
+        "replayTokens": 4000,
+        "tokenCounter": "my_pkg.tokens:count",
+    }
+    agent = parse_agent(body({"image": "img", "sessionMemory": memory}))
+    assert agent.memory is not None
+    assert agent.memory.redact == ("email", "card", "employee-id")
+    assert agent.memory.summary == SummarySpec(threshold=60, endpoint="http://127.0.0.1:8081/summarize")
+    assert agent.memory.replay_tokens == 4000
+    assert agent.memory.token_counter == "my_pkg.tokens:count"
+
+
+def test_summary_defaults_to_the_builtin_summariser_and_off_without_threshold() -> None:
+    agent = parse_agent(body({"image": "img", "sessionMemory": {"summary": {}}}))
+    assert agent.memory is not None
+    assert agent.memory.summary == SummarySpec(threshold=None, endpoint="builtin")
+    agent = parse_agent(body({"image": "img", "sessionMemory": {"summary": {"threshold": 50}}}))
+    assert agent.memory is not None and agent.memory.summary == SummarySpec(threshold=50, endpoint="builtin")
 
 
 def test_absent_or_null_session_memory_is_off() -> None:
@@ -57,6 +83,8 @@ def test_parse_agent_rejects_what_the_schema_would() -> None:
         parse_agent(body({"image": "img", "executionModel": "lambda"}))
     with pytest.raises(SpecError):
         parse_agent(body({"image": "img", "sessionMemory": {"scope": "team"}}))
+    with pytest.raises(SpecError):
+        parse_agent(body({"image": "img", "sessionMemory": {"summary": {"threshold": "many"}}}))
 
 
 def test_config_defaults() -> None:

@@ -61,3 +61,14 @@ def test_message_says_where_memory_lives() -> None:
     assert "proxy http://proxy:8000" in via_proxy.message and "ignored" in via_proxy.message
     direct = resolve_memory(agent(MemorySpec(backend_addr="v:6379")), (), OperatorConfig())
     assert "directly on v:6379" in direct.message
+
+
+def test_direct_mode_message_warns_about_redactors_it_cannot_apply() -> None:
+    memory = MemorySpec(redact=("email", "employee-id"))
+    direct = resolve_memory(agent(memory), (), OperatorConfig())
+    assert "employee-id are not built in" in direct.message and "refused" in direct.message
+    assert direct.ready  # still wired: the operator cannot fix it, the message says what will happen
+    builtin_only = resolve_memory(agent(MemorySpec(redact=("email", "card"))), (), OperatorConfig())
+    assert "refused" not in builtin_only.message
+    # Behind a proxy the names may come from its SESSIONMEM_REDACT_PATTERNS: nothing to say.
+    assert "refused" not in resolve_memory(agent(memory), (), CONFIG).message

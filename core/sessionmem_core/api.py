@@ -1,0 +1,135 @@
+"""The HTTP surface of the memory API: paths, headers, query parameters and the route table.
+
+Pure constants and functions, no models: the launcher imports this module on every cold start, so it
+stays free of pydantic; the request/response models live in ``sessionmem_core.wire``.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from sessionmem_core.errors import NotFound
+
+API_PREFIX = "/v1"
+
+# Query parameters a write takes besides ``scope``: how many entries to keep and the TTL it refreshes.
+CAP_PARAM = "cap"
+TTL_PARAM = "ttlSeconds"
+SCOPE_PARAM = "scope"
+REDACT_PARAM = "redact"
+LIMIT_PARAM = "limit"
+
+# Response headers that repeat what a memory response says, so the launcher can trace it unparsed.
+VERSION_HEADER = "x-sessionmem-version"
+ENTRIES_HEADER = "x-sessionmem-entries"
+SCOPE_HEADER = "x-sessionmem-scope"
+# Set by the managed loop on its answer: "ok", "unavailable" (answered without context) or "not-stored".
+MEMORY_STATUS_HEADER = "x-sessionmem-memory"
+
+# Headers.
+CONVERSATION_ID_HEADER = "x-conversation-id"
+USER_CAPABILITY_HEADER = "x-sessionmem-user-capability"
+TRACEPARENT_HEADER = "traceparent"
+# Headers an agent might set to claim an identity; the launcher drops all of them before forwarding.
+IDENTITY_HEADERS = frozenset(
+    {
+        "authorization",
+        "x-sessionmem-identity",
+        "x-sessionmem-agent",
+        "x-sessionmem-namespace",
+        "x-sessionmem-user",
+        "x-user-id",
+        "x-forwarded-user",
+        "x-remote-user",
+        USER_CAPABILITY_HEADER,
+    }
+)
+
+
+def _segment(conversation_id: str) -> str:
+    # Percent-encoded: a valid id may hold '#', '?' or '%', which a URL would otherwise read as syntax.
+    return quote(conversation_id, safe="")
+
+
+def entries_path(conversation_id: str) -> str:
+    return f"{API_PREFIX}/conversations/{_segment(conversation_id)}/entries"
+
+
+def conversation_path(conversation_id: str) -> str:
+    return f"{API_PREFIX}/conversations/{_segment(conversation_id)}"
+
+
+def search_path(conversation_id: str) -> str:
+    return f"{API_PREFIX}/conversations/{_segment(conversation_id)}/search"
+
+
+def export_path(conversation_id: str) -> str:
+    return f"{API_PREFIX}/conversations/{_segment(conversation_id)}/export"
+
+
+# Agent-wide and user-wide lifecycle operations (no conversation id in the path).
+CONVERSATIONS_PATH = f"{API_PREFIX}/conversations"
+USER_CONVERSATIONS_PATH = f"{API_PREFIX}/users/me/conversations"
+
+
+_CONVERSATIONS = f"{API_PREFIX}/conversations/"
+_OPS = {
+    ("GET", "entries"): "get",
+    ("POST", "entries"): "append",
+    ("GET", "search"): "search",
+    ("GET", "export"): "export",
+    ("GET", ""): "info",
+    ("PUT", ""): "replace",
+    ("DELETE", ""): "delete",
+}
+_SUFFIXES = ("entries", "search", "export")
+
+
+_PATH_OF_OP = {
+    "get": entries_path,
+    "append": entries_path,
+    "search": search_path,
+    "export": export_path,
+    "info": conversation_path,
+    "replace": conversation_path,
+    "delete": conversation_path,
+}
+
+
+def memory_path(op: str, conversation_id: str | None, path: str) -> str:
+    """The (encoded) path to forward an operation to: rebuilt from the decoded id, so an id that needed
+    percent-encoding reaches the same key behind the launcher as in front of it."""
+    return path if conversation_id is None else _PATH_OF_OP[op](conversation_id)
+
+
+_AGENT_WIDE = {
+    ("GET", CONVERSATIONS_PATH): "list",
+    ("DELETE", CONVERSATIONS_PATH): "clear",
+    ("DELETE", USER_CONVERSATIONS_PATH): "erase_user",
+}
+
+
+def memory_route(method: str, path: str) -> tuple[str, str | None]:
+    """(operation, conversation id or None for agent-wide operations) for a memory path; raises NotFound
+    for anything else. The id is whatever sits between the prefix and the suffix, so a '/' inside it is
+    caught by the id rule (400)."""
+    agent_wide = _AGENT_WIDE.get((method, path.rstrip("/")))
+    if agent_wide is not None:
+        return agent_wide, None
+    if not path.startswith(_CONVERSATIONS):
+        raise NotFound(f"no route {path}")
+    rest = path[len(_CONVERSATIONS) :]
+    for suffix in _SUFFIXES:
+        if rest.endswith("/" + suffix):
+            op = _OPS.get((method, suffix))
+            if op is None:
+                break
+            return op, rest[: -len(suffix) - 1]
+    op = _OPS.get((method, ""))
+    if op is None:
+        raise NotFound(f"no route {method} {path}")
+    return op, rest
+
+
+# The id of a rolling-summary entry starts with this (the launcher writes it, the proxy replays it).
+SUMMARY_ID_PREFIX = "summary-"
