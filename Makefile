@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint typecheck unit integration bench soak envtest crds crds-check helm clean
 
-$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt requirements-adapters.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	@$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
@@ -26,7 +26,7 @@ lint: $(STAMP)
 	@$(VENV)/bin/ruff format --check .
 
 typecheck: $(STAMP)
-	@$(VENV)/bin/mypy core proxy launcher operator demo tests bench
+	@$(VENV)/bin/mypy core proxy launcher operator demo client tests bench
 
 unit: $(STAMP)
 	@$(PY) -m pytest -m "not integration"

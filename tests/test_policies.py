@@ -121,7 +121,7 @@ async def test_rolling_summary_is_made_off_the_request_path_and_replayed(
                 assert response.status_code == 200
             # Turn 7 took the conversation to 14 entries: it was answered, and only then does the
             # summariser get called, in the background; it is still blocked and nothing is summarised yet.
-            for _ in range(200):
+            for _ in range(1000):
                 if calls:
                     break
                 await asyncio.sleep(0.01)

@@ -26,10 +26,16 @@ MessageId = Annotated[str, AfterValidator(validate_message_id)]
 
 
 class _Model(BaseModel):
+    # Responses ignore fields they do not know, so a newer server does not break an older client.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class _Request(BaseModel):
+    # Requests refuse unknown fields: a typo in a body is a 400, not silently dropped.
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-class EntryIn(_Model):
+class EntryIn(_Request):
     """One message to store. Its author is stamped by the proxy from the caller's identity."""
 
     role: Role
@@ -39,7 +45,7 @@ class EntryIn(_Model):
     )
 
 
-class AppendRequest(_Model):
+class AppendRequest(_Request):
     entries: list[EntryIn] = Field(min_length=1, max_length=env.MAX_ENTRIES_PER_APPEND)
 
 
@@ -98,7 +104,7 @@ class UserErasure(_Model):
     entries: int
 
 
-class ReplaceRequest(_Model):
+class ReplaceRequest(_Request):
     entries: list[EntryIn] = Field(min_length=1, max_length=env.MAX_CAP)
 
 

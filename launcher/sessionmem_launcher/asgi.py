@@ -4,10 +4,12 @@ every agent pod and on every cold start, so it stays light)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-
-from starlette.types import Receive, Send
+from typing import TYPE_CHECKING
 
 from sessionmem_core.errors import PayloadTooLarge, SessionMemError
+
+if TYPE_CHECKING:  # the launcher does not import Starlette at run time
+    from starlette.types import Receive, Send
 
 JSON_HEADERS = ((b"content-type", b"application/json"),)
 

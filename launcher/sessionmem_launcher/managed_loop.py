@@ -12,9 +12,10 @@ an ``output`` string, which is passed back to the caller as it is.
 
 from __future__ import annotations
 
-import httpx
+import asyncio
+from typing import TYPE_CHECKING
+
 import orjson
-from starlette.types import Receive, Scope, Send
 
 from sessionmem_core import api, env
 from sessionmem_core.env import LauncherSettings
@@ -22,9 +23,13 @@ from sessionmem_core.errors import InvalidRequest, SessionMemError
 from sessionmem_core.ids import new_message_id, validate_conversation_id
 from sessionmem_core.telemetry import MemoryTracer
 from sessionmem_launcher.asgi import header, read_body, respond, respond_error
+from sessionmem_launcher.http_client import HttpClient
 from sessionmem_launcher.memory_client import MemoryClient
 from sessionmem_launcher.replay import history_from, load_counter, within_budget
 from sessionmem_launcher.summary import Compactor, summarizer_from_settings
+
+if TYPE_CHECKING:  # the launcher does not import Starlette at run time
+    from starlette.types import Receive, Scope, Send
 
 # Hop-by-hop and identity headers are not relayed to the agent.
 _NOT_RELAYED = {b"host", b"content-length", b"connection", b"transfer-encoding", b"keep-alive", b"upgrade"}
@@ -41,7 +46,6 @@ class ManagedLoop:
         settings: LauncherSettings,
         client: MemoryClient,
         tracer: MemoryTracer,
-        agent_transport: httpx.AsyncBaseTransport | None = None,
         compactor: Compactor | None = None,
     ) -> None:
         self._settings = settings
@@ -49,11 +53,7 @@ class ManagedLoop:
         self._tracer = tracer
         self._count_tokens = load_counter(settings.token_counter)
         self.compactor = compactor or Compactor(settings, client, summarizer_from_settings(settings), tracer)
-        self._agent = httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{settings.agent_port}",
-            transport=agent_transport,
-            timeout=httpx.Timeout(settings.agent_timeout_seconds, connect=2.0),
-        )
+        self._agent = HttpClient(f"http://127.0.0.1:{settings.agent_port}")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -153,17 +153,17 @@ class ManagedLoop:
     async def _call_agent(self, scope: Scope, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         relayed = [(k, v) for k, v in scope["headers"] if k not in _NOT_RELAYED]
         query = scope["query_string"].decode("latin-1")
-        url = scope["path"] + (f"?{query}" if query else "")
+        target = scope.get("raw_path") or scope["path"].encode()
+        url = (target.decode("latin-1") if isinstance(target, bytes) else str(target)) + (f"?{query}" if query else "")
         try:
-            response = await self._agent.request(scope["method"], url, content=body, headers=relayed)
-        except (httpx.HTTPError, OSError) as exc:
+            async with asyncio.timeout(self._settings.agent_timeout_seconds):
+                response = await self._agent.request(scope["method"], url, relayed, body)
+        except (OSError, TimeoutError) as exc:
             raise AgentUnavailable(
                 f"agent on port {self._settings.agent_port} unreachable: {type(exc).__name__}"
             ) from exc
-        headers = [
-            (k.lower(), v) for k, v in response.headers.raw if k.lower() not in _NOT_RELAYED | {b"content-encoding"}
-        ]
-        return response.status_code, headers, response.content
+        headers = [(k, v) for k, v in response.headers if k not in _NOT_RELAYED]
+        return response.status, headers, response.body
 
     async def aclose(self) -> None:
         await self.compactor.idle()

@@ -7,10 +7,10 @@ identity header the agent sets never reaches the proxy. Every operation is one `
 from __future__ import annotations
 
 from functools import cache
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
 import orjson
-from starlette.types import Receive, Scope, Send
 
 from sessionmem_core import api, env
 from sessionmem_core.errors import InvalidRequest, SessionMemError
@@ -18,6 +18,9 @@ from sessionmem_core.ids import validate_conversation_id
 from sessionmem_core.telemetry import MemoryTracer
 from sessionmem_launcher.asgi import header, read_body, respond, respond_error
 from sessionmem_launcher.memory_client import MemoryClient
+
+if TYPE_CHECKING:  # the launcher does not import Starlette at run time
+    from starlette.types import Receive, Scope, Send
 
 
 class MemoryEndpoint:

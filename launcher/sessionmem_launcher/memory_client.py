@@ -5,17 +5,20 @@ the two modes cannot drift apart)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlencode
-
-import httpx
 
 from sessionmem_core import api
 from sessionmem_core.env import VALKEY_URL, LauncherSettings
 from sessionmem_core.errors import BackendUnavailable, Unauthenticated
 from sessionmem_core.telemetry import inject_traceparent
+from sessionmem_launcher.http_client import AsgiClient, HttpClient, HttpResponse
 
+_CAPABILITY = api.USER_CAPABILITY_HEADER.encode()
+_SCOPE = api.SCOPE_HEADER.encode()
 # Set from the pod's configuration on every forwarded call, whatever the agent sent.
 _POD_PARAMS = frozenset({api.SCOPE_PARAM, api.CAP_PARAM, api.TTL_PARAM, api.REDACT_PARAM})
 
@@ -33,18 +36,25 @@ class MemoryResponse:
     version: int | None
 
 
-def _int_header(headers: httpx.Headers, name: str) -> int | None:
-    value = headers.get(name)
+def _int_header(response: HttpResponse, name: str) -> int | None:
+    value = response.header(name.encode())
     return int(value) if value is not None and value.isdigit() else None
+
+
+class Transport(Protocol):
+    async def request(
+        self, method: str, target: str, headers: Iterable[tuple[bytes, bytes]] = (), body: bytes | None = None
+    ) -> HttpResponse: ...
+
+    async def aclose(self) -> None: ...
 
 
 class MemoryClient:
     def __init__(
         self,
         settings: LauncherSettings,
+        transport: Transport,
         *,
-        base_url: str,
-        transport: httpx.AsyncBaseTransport | None = None,
         send_token: bool = True,
         propagate_current_span: bool = True,
     ) -> None:
@@ -53,12 +63,7 @@ class MemoryClient:
         self._send_token = send_token
         self._propagate_current_span = propagate_current_span
         self._timeout = settings.proxy_timeout_seconds
-        self._http = httpx.AsyncClient(
-            base_url=base_url,
-            transport=transport,
-            timeout=httpx.Timeout(self._timeout),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-        )
+        self._http = transport
 
     def _write_params(self) -> list[tuple[str, str]]:
         params = [
@@ -90,30 +95,29 @@ class MemoryClient:
             )
         params = [(k, v) for k, v in query if k not in _POD_PARAMS]
         params += self._write_params() if method in ("POST", "PUT") else [(api.SCOPE_PARAM, self._settings.scope)]
-        headers: dict[str, str] = {"content-type": "application/json"}
-        if self._send_token:
-            headers["authorization"] = f"Bearer {self._read_token()}"
-        if capability is not None:
-            headers[api.USER_CAPABILITY_HEADER] = capability
-        if if_match is not None:
-            headers["if-match"] = if_match
+        trace: dict[str, str] = {}
         if self._propagate_current_span:
-            inject_traceparent(headers)
-        if "traceparent" not in headers and traceparent:
-            headers["traceparent"] = traceparent
-        url = f"{path}?{urlencode(params)}"
+            inject_traceparent(trace)
+        if "traceparent" not in trace and traceparent:
+            trace["traceparent"] = traceparent
+        headers = [(b"content-type", b"application/json"), *((k.encode(), v.encode()) for k, v in trace.items())]
+        if self._send_token:
+            headers.append((b"authorization", b"Bearer " + self._read_token().encode()))
+        if capability is not None:
+            headers.append((_CAPABILITY, capability.encode("latin-1")))
+        if if_match is not None:
+            headers.append((b"if-match", if_match.encode("latin-1")))
         try:
             async with asyncio.timeout(self._timeout):
-                response = await self._http.request(method, url, content=body, headers=headers)
-                content = response.content
-        except (httpx.HTTPError, OSError, TimeoutError) as exc:
+                response = await self._http.request(method, f"{path}?{urlencode(params)}", headers, body)
+        except (OSError, TimeoutError, UnicodeError) as exc:
             raise BackendUnavailable(f"memory proxy unreachable: {type(exc).__name__}") from exc
         return MemoryResponse(
-            status=response.status_code,
-            body=content,
-            scope=response.headers.get(api.SCOPE_HEADER),
-            entries=_int_header(response.headers, api.ENTRIES_HEADER),
-            version=_int_header(response.headers, api.VERSION_HEADER),
+            status=response.status,
+            body=response.body,
+            scope=response.header(_SCOPE),
+            entries=_int_header(response, api.ENTRIES_HEADER),
+            version=_int_header(response, api.VERSION_HEADER),
         )
 
     def _read_token(self) -> str:
@@ -128,7 +132,7 @@ class MemoryClient:
 
 def memory_client_from_settings(settings: LauncherSettings) -> MemoryClient:
     if settings.proxy_url:
-        return MemoryClient(settings, base_url=settings.proxy_url)
+        return MemoryClient(settings, HttpClient(settings.proxy_url))
     if settings.backend_addr:
         return _direct_client(settings)
     raise ValueError("the launcher needs a proxy URL or a backend address")
@@ -151,10 +155,4 @@ def _direct_client(settings: LauncherSettings) -> MemoryClient:
         authenticator=FixedIdentityAuthenticator(identity),
         tracer_provider=NoOpTracerProvider(),
     )
-    return MemoryClient(
-        settings,
-        base_url="http://direct",
-        transport=httpx.ASGITransport(app=app),
-        send_token=False,
-        propagate_current_span=False,
-    )
+    return MemoryClient(settings, AsgiClient(app), send_token=False, propagate_current_span=False)

@@ -8,16 +8,19 @@ import contextlib
 import signal
 from collections.abc import Generator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import uvicorn
 from opentelemetry.trace import TracerProvider
-from starlette.types import ASGIApp
 
 from sessionmem_core.env import LauncherSettings
 from sessionmem_core.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_launcher.managed_loop import ManagedLoop
 from sessionmem_launcher.memory_api import MemoryEndpoint
 from sessionmem_launcher.memory_client import MemoryClient, memory_client_from_settings
+
+if TYPE_CHECKING:  # the launcher does not import Starlette at run time
+    from starlette.types import ASGIApp
 
 
 class EmbeddedServer(uvicorn.Server):

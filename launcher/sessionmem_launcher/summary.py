@@ -16,14 +16,15 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
-import httpx
 import orjson
 
 from sessionmem_core import api
 from sessionmem_core.env import LauncherSettings
 from sessionmem_core.errors import SessionMemError
 from sessionmem_core.telemetry import MemoryTracer
+from sessionmem_launcher.http_client import HttpClient
 from sessionmem_launcher.memory_client import MemoryClient
 
 _LOG = logging.getLogger("sessionmem.launcher.summary")
@@ -48,13 +49,18 @@ class HttpSummarizer:
     """POST {"previousSummary", "entries": [{role, content}]} -> {"summary": "..."} on the agent side."""
 
     def __init__(self, url: str, timeout_seconds: float = 60.0) -> None:
-        self._url = url
-        self._http = httpx.AsyncClient(timeout=timeout_seconds)
+        parts = urlsplit(url)
+        self._http = HttpClient(f"{parts.scheme}://{parts.netloc}")
+        self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self._timeout = timeout_seconds
 
     async def summarize(self, previous: str | None, messages: Sequence[dict[str, Any]]) -> str:
-        response = await self._http.post(self._url, json={"previousSummary": previous, "entries": list(messages)})
-        response.raise_for_status()
-        summary = response.json().get("summary")
+        body = orjson.dumps({"previousSummary": previous, "entries": list(messages)})
+        async with asyncio.timeout(self._timeout):
+            response = await self._http.request("POST", self._target, [(b"content-type", b"application/json")], body)
+        if response.status != 200:
+            raise ValueError(f"summariser answered HTTP {response.status}")
+        summary = orjson.loads(response.body).get("summary")
         if not isinstance(summary, str) or not summary:
             raise ValueError("summariser answered without a 'summary' string")
         return summary
@@ -132,7 +138,7 @@ class Compactor:
                 span.entries, span.version = len(seed), replaced.version
                 if replaced.status != 200:
                     span.fail(f"http_{replaced.status}")
-        except (SessionMemError, httpx.HTTPError, ValueError, KeyError) as exc:
+        except (SessionMemError, OSError, TimeoutError, ValueError, KeyError) as exc:
             # Best-effort: the history is intact, and the next append past the threshold retries.
             _LOG.warning("summary of %s failed: %s", conversation_id, exc)
 

@@ -1,0 +1,251 @@
+"""What the sync and async clients share: building each request and decoding each answer.
+
+The two clients differ only in how they send a :class:`Request`, so every rule (id validation before the
+network, percent-encoding, headers, typed errors) lives here once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from sessionmem_core import api, env, wire
+from sessionmem_core.env import ConfigError
+from sessionmem_core.errors import BackendUnavailable, InvalidRequest, SessionMemError, from_wire
+from sessionmem_core.ids import new_message_id, validate_conversation_id
+
+M = TypeVar("M", bound=BaseModel)
+
+#: What ``append`` and ``replace`` accept for one entry: the wire model, a stored entry (as returned by a
+#: read or an export, for re-seeding) or a plain mapping ``{"role": ..., "content": ..., "id"?: ...}``.
+EntryLike = wire.EntryIn | wire.Entry | Mapping[str, Any]
+
+DEFAULT_TIMEOUT_SECONDS = 5.0
+CONFIRM_PARAM = "confirm"
+CURSOR_PARAM = "cursor"
+QUERY_PARAM = "q"
+SUMMARY_PARAM = "summary"
+IF_MATCH_HEADER = "if-match"
+JSON_CONTENT_TYPE = "application/json"
+
+
+def default_base_url(environ: Mapping[str, str] | None = None) -> str:
+    """``http://127.0.0.1:<port>``: the launcher's memory endpoint inside the pod; the port is
+    ``SESSIONMEM_LAUNCHER_PORT`` when set, else 2998."""
+    environ = os.environ if environ is None else environ
+    raw = (environ.get(env.LAUNCHER_PORT) or "").strip()
+    if not raw:
+        return f"http://127.0.0.1:{env.DEFAULT_LAUNCHER_PORT}"
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ConfigError(f"{env.LAUNCHER_PORT}={raw!r} is not a TCP port")
+    return f"http://127.0.0.1:{int(raw)}"
+
+
+def _segment(conversation_id: str) -> str:
+    """The id, validated by the contract's rule before anything is sent. The path builders in
+    ``sessionmem_core.wire`` percent-encode it (a valid id may hold ``?``, ``#`` or ``%``)."""
+    return validate_conversation_id(conversation_id)
+
+
+def to_entries(entries: Iterable[EntryLike]) -> list[wire.EntryIn]:
+    """Entries as wire models, checked here (role, content size, message id) before anything is sent."""
+    if isinstance(entries, (str, bytes, Mapping, BaseModel)):
+        raise InvalidRequest("entries must be a sequence of entries, not a single entry")
+    result: list[wire.EntryIn] = []
+    for entry in entries:
+        if isinstance(entry, wire.EntryIn):
+            result.append(entry)
+        elif isinstance(entry, wire.Entry):
+            result.append(wire.EntryIn(role=entry.role, content=entry.content, id=entry.id))
+        elif isinstance(entry, Mapping):
+            try:
+                result.append(wire.EntryIn.model_validate(dict(entry)))
+            except ValidationError as exc:
+                raise InvalidRequest(f"invalid entry: {_problems(exc)}") from exc
+        else:
+            raise InvalidRequest(f"an entry is an EntryIn or a mapping, not {type(entry).__name__}")
+    return result
+
+
+def exchange_entries(user: str, assistant: str, turn_id: str | None) -> list[wire.EntryIn]:
+    """The {user, assistant} pair with ids ``<turn>-u`` / ``<turn>-a``: a retried exchange is stored once."""
+    turn = new_message_id() if turn_id is None else turn_id
+    return [
+        wire.EntryIn(role=wire.Role.USER, content=user, id=f"{turn}-u"),
+        wire.EntryIn(role=wire.Role.ASSISTANT, content=assistant, id=f"{turn}-a"),
+    ]
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err.get('loc', ())) or 'value'}: {err.get('msg', 'invalid')}"
+        for err in exc.errors()[:5]
+    )
+
+
+def _body(model: BaseModel) -> bytes:
+    return model.model_dump_json(exclude_none=True, by_alias=True).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Request(Generic[M]):
+    """One memory API call, ready to send: the answer is decoded into ``model``."""
+
+    method: str
+    path: str
+    model: type[M]
+    params: tuple[tuple[str, str], ...] = ()
+    body: bytes | None = None
+    if_match: str | None = None
+    traceparent: str | None = None
+
+
+class Requests:
+    """Builds every request of the memory API. Everything that can be checked without the network is
+    checked here, so a bad conversation id raises before a connection is even attempted."""
+
+    @staticmethod
+    def read(conversation_id: str, limit: int, summary: bool, traceparent: str | None) -> Request[wire.History]:
+        path = api.entries_path(_segment(conversation_id))
+        if not 0 <= limit <= env.MAX_READ_LIMIT:
+            raise InvalidRequest(f"limit must be between 0 and {env.MAX_READ_LIMIT} (got {limit})")
+        params = [(api.LIMIT_PARAM, str(limit))]
+        if summary:
+            params.append((SUMMARY_PARAM, "true"))
+        return Request("GET", path, wire.History, tuple(params), traceparent=traceparent)
+
+    @staticmethod
+    def append(
+        conversation_id: str, entries: Iterable[EntryLike], traceparent: str | None
+    ) -> Request[wire.AppendResponse]:
+        path = api.entries_path(_segment(conversation_id))
+        try:
+            body = wire.AppendRequest(entries=to_entries(entries))
+        except ValidationError as exc:
+            raise InvalidRequest(f"invalid append: {_problems(exc)}") from exc
+        return Request("POST", path, wire.AppendResponse, body=_body(body), traceparent=traceparent)
+
+    @staticmethod
+    def replace(
+        conversation_id: str, entries: Iterable[EntryLike], if_version: int | None, traceparent: str | None
+    ) -> Request[wire.ReplaceResponse]:
+        path = api.conversation_path(_segment(conversation_id))
+        if if_version is not None and if_version < 0:
+            raise InvalidRequest(f"if_version must be a version number (got {if_version})")
+        try:
+            body = wire.ReplaceRequest(entries=to_entries(entries))
+        except ValidationError as exc:
+            raise InvalidRequest(f"invalid replace: {_problems(exc)}") from exc
+        if_match = None if if_version is None else str(if_version)
+        return Request("PUT", path, wire.ReplaceResponse, body=_body(body), if_match=if_match, traceparent=traceparent)
+
+    @staticmethod
+    def delete(conversation_id: str, traceparent: str | None) -> Request[wire.DeleteResponse]:
+        path = api.conversation_path(_segment(conversation_id))
+        return Request("DELETE", path, wire.DeleteResponse, traceparent=traceparent)
+
+    @staticmethod
+    def search(conversation_id: str, q: str, limit: int, traceparent: str | None) -> Request[wire.SearchResponse]:
+        path = api.search_path(_segment(conversation_id))
+        if not q:
+            raise InvalidRequest("the search query must not be empty")
+        if limit < 1:
+            raise InvalidRequest(f"limit must be at least 1 (got {limit})")
+        params = ((QUERY_PARAM, q), (api.LIMIT_PARAM, str(limit)))
+        return Request("GET", path, wire.SearchResponse, params, traceparent=traceparent)
+
+    @staticmethod
+    def info(conversation_id: str, traceparent: str | None) -> Request[wire.ConversationInfo]:
+        path = api.conversation_path(_segment(conversation_id))
+        return Request("GET", path, wire.ConversationInfo, traceparent=traceparent)
+
+    @staticmethod
+    def export(conversation_id: str, traceparent: str | None) -> Request[wire.History]:
+        path = api.export_path(_segment(conversation_id))
+        return Request("GET", path, wire.History, traceparent=traceparent)
+
+    @staticmethod
+    def list_conversations(limit: int, cursor: str | None, traceparent: str | None) -> Request[wire.ConversationList]:
+        if limit < 1:
+            raise InvalidRequest(f"limit must be at least 1 (got {limit})")
+        params = [(api.LIMIT_PARAM, str(limit))]
+        if cursor is not None:
+            params.append((CURSOR_PARAM, cursor))
+        return Request("GET", api.CONVERSATIONS_PATH, wire.ConversationList, tuple(params), traceparent=traceparent)
+
+    @staticmethod
+    def clear_all(confirm: bool, traceparent: str | None) -> Request[wire.ClearResponse]:
+        if confirm is not True:
+            raise InvalidRequest("clear_all erases every conversation of this agent: pass confirm=True")
+        params = ((CONFIRM_PARAM, "true"),)
+        return Request("DELETE", api.CONVERSATIONS_PATH, wire.ClearResponse, params, traceparent=traceparent)
+
+    @staticmethod
+    def erase_user(traceparent: str | None) -> Request[wire.UserErasure]:
+        return Request("DELETE", api.USER_CONVERSATIONS_PATH, wire.UserErasure, traceparent=traceparent)
+
+
+def current_traceparent() -> str | None:
+    """The W3C ``traceparent`` of the active OpenTelemetry span, if opentelemetry-api is installed and a
+    span is recording; None otherwise."""
+    try:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    except ImportError:  # pragma: no cover - opentelemetry-api is optional for the client
+        return None
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    return carrier.get(api.TRACEPARENT_HEADER)
+
+
+@dataclass(frozen=True, slots=True)
+class CallOptions:
+    """Per-client settings every request carries."""
+
+    base_url: str
+    user_capability: str | None
+    traceparent: str | None
+    propagate_trace_context: bool
+
+    def url(self, request: Request[Any]) -> str:
+        return self.base_url.rstrip("/") + request.path
+
+    def headers(self, request: Request[Any]) -> dict[str, str]:
+        headers = {"accept": JSON_CONTENT_TYPE}
+        if request.body is not None:
+            headers["content-type"] = JSON_CONTENT_TYPE
+        if self.user_capability is not None:
+            headers[api.USER_CAPABILITY_HEADER] = self.user_capability
+        if request.if_match is not None:
+            headers[IF_MATCH_HEADER] = request.if_match
+        traceparent = request.traceparent or self.traceparent
+        if traceparent is None and self.propagate_trace_context:
+            traceparent = current_traceparent()
+        if traceparent:
+            headers[api.TRACEPARENT_HEADER] = traceparent
+        return headers
+
+
+def unreachable(options: CallOptions, request: Request[Any], exc: Exception) -> BackendUnavailable:
+    return BackendUnavailable(
+        f"memory endpoint {options.base_url} unreachable ({request.method} {request.path}): {type(exc).__name__}"
+    )
+
+
+def decode(request: Request[M], response: httpx.Response) -> M:
+    """The typed model of a 2xx answer; a typed :class:`SessionMemError` (rebuilt with ``from_wire``)
+    for anything else."""
+    if response.status_code >= 400:
+        raise from_wire(response.status_code, response.content)
+    try:
+        return request.model.model_validate_json(response.content)
+    except ValidationError as exc:
+        error = SessionMemError(
+            f"unexpected answer to {request.method} {request.path} (HTTP {response.status_code}): {_problems(exc)}"
+        )
+        error.status = response.status_code
+        raise error from exc

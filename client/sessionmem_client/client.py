@@ -1,0 +1,345 @@
+"""The memory API of the launcher (``http://127.0.0.1:2998`` inside an agent pod), sync and async.
+
+The launcher adds the pod's identity, scope, cap and TTL itself, so a client sends no credentials. Every
+method validates the conversation id with the contract's rule before any network call, returns the
+contract's pydantic models and raises the contract's typed errors (``sessionmem_core.errors``): a
+transport failure is :class:`~sessionmem_core.errors.BackendUnavailable`, an answer of 4xx/5xx is the
+error the server raised (``VersionConflict`` for a stale ``If-Match``, ``InvalidConversationId``, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Iterator
+from types import TracebackType
+from typing import Self
+
+import httpx
+
+from sessionmem_client._requests import (
+    DEFAULT_TIMEOUT_SECONDS,
+    CallOptions,
+    EntryLike,
+    M,
+    Request,
+    Requests,
+    decode,
+    default_base_url,
+    exchange_entries,
+    unreachable,
+)
+from sessionmem_core import env, wire
+
+__all__ = ["AsyncMemoryClient", "MemoryClient"]
+
+
+def _options(
+    base_url: str | None, user_capability: str | None, traceparent: str | None, propagate_trace_context: bool
+) -> CallOptions:
+    return CallOptions(
+        base_url=base_url or default_base_url(),
+        user_capability=user_capability,
+        traceparent=traceparent,
+        propagate_trace_context=propagate_trace_context,
+    )
+
+
+class MemoryClient:
+    """Synchronous client (``httpx.Client``).
+
+    ``user_capability``: the signed run capability of the end user (agents with ``perUser: true``), sent
+    as ``X-Sessionmem-User-Capability``. ``traceparent``: a W3C trace context sent with every call
+    (a per-call ``traceparent=`` wins); without either, the active OpenTelemetry span is propagated when
+    ``propagate_trace_context`` is true. ``transport``/``http_client``: bring your own httpx pieces
+    (a client passed in is not closed by :meth:`close`).
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        user_capability: str | None = None,
+        traceparent: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        propagate_trace_context: bool = True,
+        transport: httpx.BaseTransport | None = None,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self._options = _options(base_url, user_capability, traceparent, propagate_trace_context)
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.Client(timeout=httpx.Timeout(timeout), transport=transport)
+
+    @property
+    def base_url(self) -> str:
+        return self._options.base_url
+
+    @property
+    def user_capability(self) -> str | None:
+        return self._options.user_capability
+
+    def with_user_capability(self, user_capability: str | None) -> MemoryClient:
+        """A client for another end user that shares this one's connection pool (closing it is a no-op)."""
+        clone = MemoryClient.__new__(MemoryClient)
+        clone._options = CallOptions(
+            base_url=self._options.base_url,
+            user_capability=user_capability,
+            traceparent=self._options.traceparent,
+            propagate_trace_context=self._options.propagate_trace_context,
+        )
+        clone._owns_http = False
+        clone._http = self._http
+        return clone
+
+    def _send(self, request: Request[M]) -> M:
+        try:
+            response = self._http.request(
+                request.method,
+                self._options.url(request),
+                params=request.params,
+                content=request.body,
+                headers=self._options.headers(request),
+            )
+        except (httpx.TransportError, OSError) as exc:
+            raise unreachable(self._options, request, exc) from exc
+        return decode(request, response)
+
+    # --- one conversation ---
+
+    def read(
+        self,
+        conversation_id: str,
+        limit: int = env.DEFAULT_REPLAY_MESSAGES,
+        summary: bool = False,
+        *,
+        traceparent: str | None = None,
+    ) -> wire.History:
+        """The last ``limit`` entries (0-500), oldest first, and the conversation version; with
+        ``summary=True`` also the rolling summary of older turns, when there is one."""
+        return self._send(Requests.read(conversation_id, limit, summary, traceparent))
+
+    def append(
+        self, conversation_id: str, entries: Iterable[EntryLike], *, traceparent: str | None = None
+    ) -> wire.AppendResponse:
+        """Append 1-64 entries as one atomic step (push, trim to the cap, refresh the TTL). A batch whose
+        first message id is already stored is a retry: nothing is stored, ``duplicate`` is true."""
+        return self._send(Requests.append(conversation_id, entries, traceparent))
+
+    def append_exchange(
+        self,
+        conversation_id: str,
+        user: str,
+        assistant: str,
+        turn_id: str | None = None,
+        *,
+        traceparent: str | None = None,
+    ) -> wire.AppendResponse:
+        """Store one {user, assistant} exchange with message ids ``<turn_id>-u`` / ``<turn_id>-a``: pass
+        the same ``turn_id`` when retrying and the exchange is stored once (a fresh id when omitted)."""
+        return self._send(Requests.append(conversation_id, exchange_entries(user, assistant, turn_id), traceparent))
+
+    def replace(
+        self,
+        conversation_id: str,
+        entries: Iterable[EntryLike],
+        if_version: int | None = None,
+        *,
+        traceparent: str | None = None,
+    ) -> wire.ReplaceResponse:
+        """Replace (seed) the whole history. With ``if_version`` it is conditional (``If-Match``):
+        :class:`~sessionmem_core.errors.VersionConflict` when the conversation has moved on."""
+        return self._send(Requests.replace(conversation_id, entries, if_version, traceparent))
+
+    def delete(self, conversation_id: str, *, traceparent: str | None = None) -> wire.DeleteResponse:
+        return self._send(Requests.delete(conversation_id, traceparent))
+
+    def search(
+        self, conversation_id: str, q: str, limit: int = 10, *, traceparent: str | None = None
+    ) -> wire.SearchResponse:
+        """Keyword search within the conversation: entries ranked by matching terms, newest first on ties."""
+        return self._send(Requests.search(conversation_id, q, limit, traceparent))
+
+    def info(self, conversation_id: str, *, traceparent: str | None = None) -> wire.ConversationInfo:
+        """Whether the conversation exists, its version, size and remaining TTL."""
+        return self._send(Requests.info(conversation_id, traceparent))
+
+    def export(self, conversation_id: str, *, traceparent: str | None = None) -> wire.History:
+        """Every stored entry of the conversation (not just a window)."""
+        return self._send(Requests.export(conversation_id, traceparent))
+
+    # --- all of the agent's (or the user's) conversations ---
+
+    def list_conversations(
+        self, limit: int = 50, cursor: str | None = None, *, traceparent: str | None = None
+    ) -> wire.ConversationList:
+        """One page of this agent's conversation ids; pass ``next_cursor`` back for the next page."""
+        return self._send(Requests.list_conversations(limit, cursor, traceparent))
+
+    def iter_conversations(self, page_size: int = 50, *, traceparent: str | None = None) -> Iterator[str]:
+        """Every conversation id, page after page."""
+        cursor: str | None = None
+        while True:
+            page = self.list_conversations(page_size, cursor, traceparent=traceparent)
+            for ref in page.conversations:
+                yield ref.conversation_id
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def clear_all(self, *, confirm: bool, traceparent: str | None = None) -> wire.ClearResponse:
+        """Erase every private conversation of this agent. ``confirm=True`` is required, by keyword."""
+        return self._send(Requests.clear_all(confirm, traceparent))
+
+    def erase_user(self, *, traceparent: str | None = None) -> wire.UserErasure:
+        """Erase everything of the end user named by this client's ``user_capability``."""
+        return self._send(Requests.erase_user(traceparent))
+
+    # --- lifetime ---
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class AsyncMemoryClient:
+    """Asynchronous client (``httpx.AsyncClient``); the same methods as :class:`MemoryClient`, awaited."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        user_capability: str | None = None,
+        traceparent: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        propagate_trace_context: bool = True,
+        transport: httpx.AsyncBaseTransport | None = None,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._options = _options(base_url, user_capability, traceparent, propagate_trace_context)
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.AsyncClient(timeout=httpx.Timeout(timeout), transport=transport)
+
+    @property
+    def base_url(self) -> str:
+        return self._options.base_url
+
+    @property
+    def user_capability(self) -> str | None:
+        return self._options.user_capability
+
+    def with_user_capability(self, user_capability: str | None) -> AsyncMemoryClient:
+        """A client for another end user that shares this one's connection pool (closing it is a no-op)."""
+        clone = AsyncMemoryClient.__new__(AsyncMemoryClient)
+        clone._options = CallOptions(
+            base_url=self._options.base_url,
+            user_capability=user_capability,
+            traceparent=self._options.traceparent,
+            propagate_trace_context=self._options.propagate_trace_context,
+        )
+        clone._owns_http = False
+        clone._http = self._http
+        return clone
+
+    async def _send(self, request: Request[M]) -> M:
+        try:
+            response = await self._http.request(
+                request.method,
+                self._options.url(request),
+                params=request.params,
+                content=request.body,
+                headers=self._options.headers(request),
+            )
+        except (httpx.TransportError, OSError) as exc:
+            raise unreachable(self._options, request, exc) from exc
+        return decode(request, response)
+
+    async def read(
+        self,
+        conversation_id: str,
+        limit: int = env.DEFAULT_REPLAY_MESSAGES,
+        summary: bool = False,
+        *,
+        traceparent: str | None = None,
+    ) -> wire.History:
+        return await self._send(Requests.read(conversation_id, limit, summary, traceparent))
+
+    async def append(
+        self, conversation_id: str, entries: Iterable[EntryLike], *, traceparent: str | None = None
+    ) -> wire.AppendResponse:
+        return await self._send(Requests.append(conversation_id, entries, traceparent))
+
+    async def append_exchange(
+        self,
+        conversation_id: str,
+        user: str,
+        assistant: str,
+        turn_id: str | None = None,
+        *,
+        traceparent: str | None = None,
+    ) -> wire.AppendResponse:
+        return await self._send(
+            Requests.append(conversation_id, exchange_entries(user, assistant, turn_id), traceparent)
+        )
+
+    async def replace(
+        self,
+        conversation_id: str,
+        entries: Iterable[EntryLike],
+        if_version: int | None = None,
+        *,
+        traceparent: str | None = None,
+    ) -> wire.ReplaceResponse:
+        return await self._send(Requests.replace(conversation_id, entries, if_version, traceparent))
+
+    async def delete(self, conversation_id: str, *, traceparent: str | None = None) -> wire.DeleteResponse:
+        return await self._send(Requests.delete(conversation_id, traceparent))
+
+    async def search(
+        self, conversation_id: str, q: str, limit: int = 10, *, traceparent: str | None = None
+    ) -> wire.SearchResponse:
+        return await self._send(Requests.search(conversation_id, q, limit, traceparent))
+
+    async def info(self, conversation_id: str, *, traceparent: str | None = None) -> wire.ConversationInfo:
+        return await self._send(Requests.info(conversation_id, traceparent))
+
+    async def export(self, conversation_id: str, *, traceparent: str | None = None) -> wire.History:
+        return await self._send(Requests.export(conversation_id, traceparent))
+
+    async def list_conversations(
+        self, limit: int = 50, cursor: str | None = None, *, traceparent: str | None = None
+    ) -> wire.ConversationList:
+        return await self._send(Requests.list_conversations(limit, cursor, traceparent))
+
+    async def iter_conversations(self, page_size: int = 50, *, traceparent: str | None = None) -> AsyncIterator[str]:
+        cursor: str | None = None
+        while True:
+            page = await self.list_conversations(page_size, cursor, traceparent=traceparent)
+            for ref in page.conversations:
+                yield ref.conversation_id
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def clear_all(self, *, confirm: bool, traceparent: str | None = None) -> wire.ClearResponse:
+        return await self._send(Requests.clear_all(confirm, traceparent))
+
+    async def erase_user(self, *, traceparent: str | None = None) -> wire.UserErasure:
+        return await self._send(Requests.erase_user(traceparent))
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()

@@ -1,0 +1,123 @@
+"""Retrieval that mixes what was said in the conversation with a document corpus.
+
+``MemoryAugmentedRetriever.retrieve(query, top_k)`` gives ``round(memory_weight * top_k)`` of the slots to
+keyword-search hits from the conversation (memory first) and the rest to the corpus retriever, without
+duplicates. Slots one side cannot fill go to the other, so ``top_k`` results come back whenever the two
+together have that many. Memory is best-effort: when the memory endpoint is unavailable the corpus
+alone answers (``fail_open=False`` raises instead).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from sessionmem_client.client import AsyncMemoryClient, MemoryClient
+from sessionmem_core import wire
+from sessionmem_core.errors import BackendUnavailable
+from sessionmem_core.ids import validate_conversation_id
+
+__all__ = ["CorpusRetriever", "MemoryAugmentedRetriever", "mix"]
+
+_LOG = logging.getLogger("sessionmem.client.retriever")
+
+#: ``(query, k) -> up to k passages``, best first.
+CorpusRetriever = Callable[[str, int], list[str]]
+
+# The proxy caps a search at this many matches.
+_MAX_SEARCH = 100
+
+
+def _key(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def mix(memory: Iterable[str], corpus: Iterable[str], top_k: int, memory_slots: int) -> list[str]:
+    """Memory hits first (up to ``memory_slots``), then the corpus, then any memory hits left over, until
+    ``top_k``; passages that differ only in case or whitespace count once, and empty ones not at all."""
+    memory_hits, corpus_hits = list(memory), list(corpus)
+    picked: list[str] = []
+    seen: set[str] = set()
+
+    def take(candidates: list[str], until: int) -> None:
+        while candidates and len(picked) < until:
+            text = candidates.pop(0)
+            key = _key(text)
+            if key and key not in seen:
+                seen.add(key)
+                picked.append(text)
+
+    take(memory_hits, memory_slots)
+    take(corpus_hits, top_k)
+    take(memory_hits, top_k)
+    return picked
+
+
+class MemoryAugmentedRetriever:
+    """``retrieve`` with a :class:`MemoryClient`, ``aretrieve`` with an :class:`AsyncMemoryClient`."""
+
+    def __init__(
+        self,
+        memory_client: MemoryClient | AsyncMemoryClient,
+        conversation_id: str,
+        corpus_retriever: CorpusRetriever,
+        memory_weight: float = 0.3,
+        *,
+        fail_open: bool = True,
+    ) -> None:
+        if not 0.0 <= memory_weight <= 1.0:
+            raise ValueError(f"memory_weight must be within [0, 1] (got {memory_weight})")
+        self.memory_client = memory_client
+        self.conversation_id = validate_conversation_id(conversation_id)
+        self.corpus_retriever = corpus_retriever
+        self.memory_weight = memory_weight
+        self.fail_open = fail_open
+
+    def memory_slots(self, top_k: int) -> int:
+        return min(top_k, round(self.memory_weight * top_k))
+
+    def _search_limit(self, top_k: int) -> int:
+        # Ask for more than the slots: hits that duplicate each other, or later fill corpus gaps.
+        return max(1, min(_MAX_SEARCH, top_k))
+
+    def _corpus(self, query: str, top_k: int, memory_slots: int) -> list[str]:
+        # Ask the corpus for enough to fill its slots even when some of its passages repeat memory hits.
+        return list(self.corpus_retriever(query, top_k + memory_slots))
+
+    def retrieve(self, query: str, top_k: int) -> list[str]:
+        if not isinstance(self.memory_client, MemoryClient):
+            raise TypeError("retrieve() needs a MemoryClient; with an AsyncMemoryClient use aretrieve()")
+        if top_k <= 0:
+            return []
+        slots = self.memory_slots(top_k)
+        memory: list[str] = []
+        if self.memory_weight > 0 and query.strip():
+            try:
+                found = self.memory_client.search(self.conversation_id, query, self._search_limit(top_k))
+                memory = _contents(found)
+            except BackendUnavailable:
+                if not self.fail_open:
+                    raise
+                _LOG.warning("memory unavailable; answering from the corpus only", exc_info=True)
+        return mix(memory, self._corpus(query, top_k, slots), top_k, slots)
+
+    async def aretrieve(self, query: str, top_k: int) -> list[str]:
+        if not isinstance(self.memory_client, AsyncMemoryClient):
+            raise TypeError("aretrieve() needs an AsyncMemoryClient; with a MemoryClient use retrieve()")
+        if top_k <= 0:
+            return []
+        slots = self.memory_slots(top_k)
+        memory: list[str] = []
+        if self.memory_weight > 0 and query.strip():
+            try:
+                found = await self.memory_client.search(self.conversation_id, query, self._search_limit(top_k))
+                memory = _contents(found)
+            except BackendUnavailable:
+                if not self.fail_open:
+                    raise
+                _LOG.warning("memory unavailable; answering from the corpus only", exc_info=True)
+        return mix(memory, self._corpus(query, top_k, slots), top_k, slots)
+
+
+def _contents(found: wire.SearchResponse) -> list[str]:
+    return [entry.content for entry in found.matches]

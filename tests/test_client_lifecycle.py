@@ -1,0 +1,183 @@
+"""The client's lifecycle calls (info, export, listing, clearing, erasing a user) against the real stack:
+in-process launcher -> real proxy process -> real valkey-server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+from sessionmem_client import AsyncMemoryClient, ConversationInfo, History, MemoryClient, new_conversation_id
+from sessionmem_core import env
+from sessionmem_core.capability import mint_capability, new_key
+from sessionmem_core.keys import Owner, session_key, session_prefix
+from sessionmem_launcher.server import Launcher
+from tests.conftest import launcher_settings
+from tests.support.processes import ServiceProcess
+from tests.support.valkey import ValkeyProcess, free_port
+from tests.test_client_docs import EXAMPLES, NOT_RUN
+
+OWNER = Owner(namespace="team-a", agent="support-agent")
+
+
+def memory_url(launcher: Launcher) -> str:
+    return f"http://127.0.0.1:{launcher.memory_port}"
+
+
+def agent_keys(valkey: ValkeyProcess) -> list[str]:
+    return sorted(k.decode() for k in valkey.client().keys(session_prefix(OWNER) + "*"))
+
+
+async def test_info_says_whether_a_conversation_exists(launcher: Launcher) -> None:
+    cid = new_conversation_id()
+    async with AsyncMemoryClient(memory_url(launcher)) as memory:
+        absent = await memory.info(cid)
+        assert isinstance(absent, ConversationInfo)
+        assert (absent.conversation_id, absent.exists, absent.version, absent.entries) == (cid, False, 0, 0)
+        assert absent.ttl_seconds is None
+        await memory.append_exchange(cid, "u", "a")
+        await memory.append_exchange(cid, "u2", "a2")
+        present = await memory.info(cid)
+    assert (present.exists, present.version, present.entries, present.scope) == (True, 2, 4, "session")
+    assert present.ttl_seconds is not None and 0 < present.ttl_seconds <= env.DEFAULT_TTL_SECONDS
+
+
+async def test_export_returns_every_entry_not_just_the_window(launcher: Launcher) -> None:
+    cid = new_conversation_id()
+    total = env.DEFAULT_REPLAY_MESSAGES + 30
+
+    def scenario() -> History:
+        with MemoryClient(memory_url(launcher)) as memory:
+            for turn in range(total // 2):
+                memory.append_exchange(cid, f"question {turn}", f"answer {turn}", turn_id=f"t{turn}")
+            assert len(memory.read(cid).entries) == env.DEFAULT_REPLAY_MESSAGES
+            return memory.export(cid)
+
+    exported = await asyncio.to_thread(scenario)
+    assert isinstance(exported, History) and exported.conversation_id == cid
+    assert len(exported.entries) == total and exported.version == total // 2
+    assert exported.entries[0].content == "question 0" and exported.entries[-1].content == f"answer {total // 2 - 1}"
+
+
+async def test_listing_pages_through_every_conversation(launcher: Launcher, valkey_server: ValkeyProcess) -> None:
+    cids = sorted(new_conversation_id() for _ in range(7))
+    async with AsyncMemoryClient(memory_url(launcher)) as memory:
+        for cid in cids:
+            await memory.append_exchange(cid, "u", "a")
+        listed = [cid async for cid in memory.iter_conversations(page_size=3)]
+        first = await memory.list_conversations(limit=50)
+    assert sorted(listed) == cids and len(listed) == len(set(listed))
+    assert sorted(ref.conversation_id for ref in first.conversations) == cids and first.next_cursor is None
+
+    def sync_listing() -> list[str]:
+        with MemoryClient(memory_url(launcher)) as memory:
+            return list(memory.iter_conversations(page_size=2))
+
+    assert sorted(await asyncio.to_thread(sync_listing)) == cids
+
+
+async def test_clear_all_erases_every_conversation_of_the_agent(
+    launcher: Launcher, valkey_server: ValkeyProcess
+) -> None:
+    cids = [new_conversation_id() for _ in range(3)]
+    async with AsyncMemoryClient(memory_url(launcher)) as memory:
+        for cid in cids:
+            await memory.append_exchange(cid, "u", "a")
+        assert len(agent_keys(valkey_server)) == 3
+        cleared = await memory.clear_all(confirm=True)
+        assert (cleared.conversations, cleared.entries) == (3, 6)
+        assert [c async for c in memory.iter_conversations()] == []
+    assert agent_keys(valkey_server) == []
+
+    def sync_clear() -> int:
+        with MemoryClient(memory_url(launcher)) as memory:
+            memory.append_exchange("one-more", "u", "a")
+            return memory.clear_all(confirm=True).conversations
+
+    assert await asyncio.to_thread(sync_clear) == 1
+    assert valkey_server.client().exists(session_key(OWNER, "one-more")) == 0
+
+
+# --- per-user memory: a proxy that verifies run capabilities, and a perUser launcher ---
+
+
+@pytest.fixture
+def capability_key(tmp_path: Path) -> bytes:
+    return new_key()
+
+
+@pytest.fixture
+def per_user_proxy(valkey_server: ValkeyProcess, tmp_path: Path, capability_key: bytes) -> Iterator[ServiceProcess]:
+    key_file = tmp_path / "capability-key"
+    key_file.write_bytes(capability_key + b"\n")
+    port = free_port()
+    proc = ServiceProcess(
+        "sessionmem_proxy",
+        {
+            env.VALKEY_URL: valkey_server.url,
+            env.AUTH_MODE: "dev",
+            env.PROXY_HOST: "127.0.0.1",
+            env.PROXY_PORT: str(port),
+            env.CAPABILITY_KEY_FILE: str(key_file),
+        },
+        port,
+    )
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+async def per_user_launcher(per_user_proxy: ServiceProcess, dev_token_file: Path) -> AsyncIterator[Launcher]:
+    settings = launcher_settings(per_user_proxy.base_url, dev_token_file, **{env.PER_USER: "true"})
+    instance = Launcher(settings, tracer_provider=TracerProvider(), serve_host="127.0.0.1")
+    await instance.start()
+    yield instance
+    await instance.stop()
+
+
+async def test_erase_user_removes_only_that_users_conversations(
+    per_user_launcher: Launcher, valkey_server: ValkeyProcess, capability_key: bytes
+) -> None:
+    alice_cap = mint_capability(capability_key, "alice", OWNER, 600)
+    bob_cap = mint_capability(capability_key, "bob", OWNER, 600)
+    async with AsyncMemoryClient(memory_url(per_user_launcher), user_capability=alice_cap) as alice:
+        bob = alice.with_user_capability(bob_cap)
+        await alice.append_exchange("c1", "I am Alice", "Hi Alice")
+        await alice.append_exchange("c2", "Alice again", "Hello")
+        await bob.append_exchange("c1", "I am Bob", "Hi Bob")
+        assert [e.content for e in (await bob.read("c1")).entries] == ["I am Bob", "Hi Bob"], "buckets are per user"
+        assert sorted([c async for c in alice.iter_conversations()]) == ["c1", "c2"]
+        assert len(agent_keys(valkey_server)) == 3
+
+        erased = await alice.erase_user()
+        assert (sorted(erased.conversations), erased.entries) == (["c1", "c2"], 4)
+        assert (await alice.read("c1")).entries == []
+        assert [e.content for e in (await bob.read("c1")).entries] == ["I am Bob", "Hi Bob"]
+    assert len(agent_keys(valkey_server)) == 1
+
+    def sync_erase() -> list[str]:
+        with MemoryClient(memory_url(per_user_launcher), user_capability=bob_cap) as memory:
+            return memory.erase_user().conversations
+
+    assert await asyncio.to_thread(sync_erase) == ["c1"]
+    assert agent_keys(valkey_server) == []
+
+
+async def test_the_per_user_example_of_the_docs_runs(
+    per_user_launcher: Launcher, valkey_server: ValkeyProcess, capability_key: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (code,) = [code for section, code in EXAMPLES if code.startswith(NOT_RUN) and "per-user" in section.lower()]
+    monkeypatch.setenv(env.LAUNCHER_PORT, str(per_user_launcher.memory_port))
+    namespace: dict[str, Any] = {"__name__": "docs_example"}
+    exec(compile(code, "docs/client.md", "exec"), namespace)  # noqa: S102 - our own documentation
+    alice = mint_capability(capability_key, "alice", OWNER, 600)
+    await asyncio.to_thread(namespace["handle_turn"], alice, "c1", "hello")
+    await asyncio.to_thread(namespace["handle_turn"], alice, "c1", "again")
+    assert len(agent_keys(valkey_server)) == 1
+    assert await asyncio.to_thread(namespace["forget_me"], alice) == ["c1"]
+    assert agent_keys(valkey_server) == []
