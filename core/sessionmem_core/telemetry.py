@@ -92,6 +92,10 @@ class MemoryTracer:
     def span(
         self, op: str, conversation_id: str, traceparent: str | None, tracestate: str | None = None
     ) -> Iterator[MemorySpan]:
+        if not self.recording:
+            # No exporter: skip the OpenTelemetry context machinery on the hot path entirely.
+            yield MemorySpan(trace.INVALID_SPAN)
+            return
         started = time.perf_counter()
         with self._tracer.start_as_current_span(
             f"memory.{op}",
