@@ -1,8 +1,9 @@
-"""The identifier rules: conversation ids, message ids, Kubernetes names.
+r"""The identifier rules: conversation ids, message ids, Kubernetes names.
 
 A conversation id becomes part of a Valkey key and of a URL path, so this is the key/path-injection
-guard: non-empty, at most 128 characters, none of ``/``, ``:``, whitespace or control characters, and
-not ``.`` or ``..`` (URL dot segments, which clients rewrite).
+guard: non-empty, at most 128 characters, none of ``/``, ``:``, ``"``, ``\``, whitespace or control
+characters, and not ``.`` or ``..`` (URL dot segments, which clients rewrite). Quotes and backslashes
+are refused because ids are written into stored JSON as they are.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ MAX_ID_LENGTH = 128
 
 # Rejected anywhere in an id: the key separators, every Unicode whitespace and every control
 # character (C0, DEL, C1). \s covers the Unicode whitespace set in Python's re.
-_FORBIDDEN = re.compile(r"[/:\s\x00-\x1f\x7f-\x9f]")
+_FORBIDDEN = re.compile(r'[/:"\\\s\x00-\x1f\x7f-\x9f]')
 
 
 def _id_problem(value: str) -> str | None:
@@ -26,7 +27,10 @@ def _id_problem(value: str) -> str | None:
         return f"must be at most {MAX_ID_LENGTH} characters (got {len(value)})"
     bad = _FORBIDDEN.search(value)
     if bad is not None:
-        return f"must not contain {bad.group()!r} ('/', ':', whitespace and control characters are not allowed)"
+        return (
+            f"must not contain {bad.group()!r} ('/', ':', '\"', '\\', whitespace and control characters "
+            "are not allowed)"
+        )
     if value in (".", ".."):
         # URL dot segments: HTTP clients normalise them away, so such an id could never be addressed.
         return "must not be '.' or '..'"

@@ -70,7 +70,7 @@ def per_user_key(owner: Owner, bucket: str, conversation_id: str) -> str:
     return per_user_prefix(owner, bucket) + validate_conversation_id(conversation_id)
 
 
-_ID = r"(?!\.\.?$)[^/:\s\x00-\x1f\x7f-\x9f]{1,128}"
+_ID = r'(?!\.\.?$)[^/:"\\\s\x00-\x1f\x7f-\x9f]{1,128}'
 _LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
 _LAYOUTS = (
     re.compile(rf"^mem:(?P<namespace>{_LABEL})/(?P<agent>{_LABEL}):(?P<cid>{_ID})$"),

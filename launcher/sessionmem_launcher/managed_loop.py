@@ -121,7 +121,10 @@ class ManagedLoop:
                     return None
         except SessionMemError:
             return None
-        summary, window = history_from(orjson.loads(response.body))
+        try:
+            summary, window = history_from(orjson.loads(response.body))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+            return None  # an unreadable history is memory unavailable: the turn goes on without it
         return within_budget(summary, window, self._settings.replay_tokens, self._count_tokens)
 
     async def _store(

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
+import orjson
 from fastapi import FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response
@@ -165,7 +166,9 @@ def _install_error_handlers(app: FastAPI) -> None:
             except SessionMemError as error:
                 return _json(error.body(), error.status)
         kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _json(error_body(kind, str(exc.detail)), exc.status_code)
+        response = _json(error_body(kind, str(exc.detail)), exc.status_code)
+        response.headers.update(getattr(exc, "headers", None) or {})  # e.g. Allow on a 405
+        return response
 
 
 def _install_routes(app: FastAPI) -> None:
@@ -212,9 +215,9 @@ def _install_routes(app: FastAPI) -> None:
                 summary_part = (b',"summary":' + result.raw_summary) if result.raw_summary else b""
                 body = b"".join(
                     (
-                        b'{"conversationId":"',
-                        conversation_id.encode(),
-                        b'","scope":"',
+                        b'{"conversationId":',
+                        orjson.dumps(conversation_id),
+                        b',"scope":"',
                         scope_used.encode(),
                         b'","version":',
                         str(result.version).encode(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import orjson
 from fastapi import FastAPI, Header, Query
 from fastapi.responses import Response
 from pydantic import BaseModel
@@ -79,8 +80,8 @@ def install_lifecycle_routes(app: FastAPI) -> None:
             key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
             result = await ctx.store.read_all(key)
             span.scope, span.entries, span.version = scope_used, len(result.raw_entries), result.version
-            body = b'{"conversationId":"%s","scope":"%s","version":%d,"entries":%s}' % (
-                conversation_id.encode(),
+            body = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":%s}' % (
+                orjson.dumps(conversation_id),
                 scope_used.encode(),
                 result.version,
                 result.entries_json(),
@@ -134,6 +135,8 @@ def install_lifecycle_routes(app: FastAPI) -> None:
         traceparent: TraceHeader = None,
         x_sessionmem_user_capability: CapabilityHeader = None,
     ) -> Response:
+        if int(cursor) >= 2**64:
+            raise InvalidRequest("cursor is not one this server returned")
         with ctx.tracer.span("list", "", traceparent) as span:
             identity = await identify(ctx, authorization)
             key_prefix, scope_used = await ctx.keys.resolve_prefix(identity, scope, x_sessionmem_user_capability)
