@@ -77,10 +77,9 @@ def span_exporter() -> InMemorySpanExporter:
 @pytest.fixture
 async def demo_agent() -> AsyncIterator[int]:
     """The demo agent on a free port, in the test's event loop; yields its port."""
-    server, task, port = await serve_in_background(agent_app)
-    yield port
-    server.should_exit = True
-    await task
+    server = await serve_in_background(agent_app)
+    yield server.port
+    await server.stop()
 
 
 @pytest.fixture

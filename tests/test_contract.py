@@ -10,7 +10,23 @@ from sessionmem_core.errors import InvalidConversationId, InvalidRequest
 from sessionmem_core.ids import new_conversation_id, validate_conversation_id
 from sessionmem_core.keys import Owner, matches_layout, per_user_key, session_key, shared_key
 
-BAD = ["", "x" * 129, "a/b", "a:b", "a b", "a\tb", "a\nb", "a\x01b", "a\x7fb", "a\u2028b", "a\x85b", ".", "..", 'a"b', "a\\b"]
+BAD = [
+    "",
+    "x" * 129,
+    "a/b",
+    "a:b",
+    "a b",
+    "a\tb",
+    "a\nb",
+    "a\x01b",
+    "a\x7fb",
+    "a\u2028b",
+    "a\x85b",
+    ".",
+    "..",
+    'a"b',
+    "a\\b",
+]
 
 
 @pytest.mark.parametrize("bad", BAD)

@@ -42,10 +42,9 @@ async def _echo_agent(scope: Scope, receive: Receive, send: Send) -> None:
 
 @pytest.fixture
 async def echo_agent_port() -> AsyncIterator[int]:
-    server, task, port = await serve_in_background(_echo_agent)
-    yield port
-    server.should_exit = True
-    await task
+    server = await serve_in_background(_echo_agent)
+    yield server.port
+    await server.stop()
 
 
 async def _launcher(proxy: ServiceProcess, token: Path, agent_port: int, **settings: str) -> Launcher:
@@ -101,7 +100,8 @@ async def test_rolling_summary_is_made_off_the_request_path_and_replayed(
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": answer})
 
-    server, task, port = await serve_in_background(slow_summarizer)
+    server = await serve_in_background(slow_summarizer)
+    port = server.port
     launcher = await _launcher(
         proxy_process,
         dev_token_file,
@@ -137,8 +137,7 @@ async def test_rolling_summary_is_made_off_the_request_path_and_replayed(
     finally:
         release.set()
         await launcher.stop()
-        server.should_exit = True
-        await task
+        await server.stop()
     assert history[0]["role"] == "system" and history[0]["content"].startswith("Relevant memory: ")
     assert "my name is Ada" in history[0]["content"], "a fact from turn 3 reaches turn 40"
     assert len(history) <= 7 and len(calls) >= 2

@@ -1,0 +1,226 @@
+"""A small HTTP/1.1 server for the launcher's two ASGI apps.
+
+A general ASGI server is about 7 MB of a launcher's resident memory and a measurable share of each hop;
+the launcher needs only this: keep-alive, bodies up to a fixed limit (Content-Length or chunked),
+``Expect: 100-continue``, one request at a time per connection, and a graceful stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, MutableMapping
+from http import HTTPStatus
+from typing import Any, cast
+from urllib.parse import unquote
+
+import httptools
+
+from sessionmem_core.errors import PayloadTooLarge
+
+AsgiApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Any]
+
+_REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
+
+
+class _Request:
+    __slots__ = ("body", "complete", "headers", "method", "url", "version")
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+        self.complete = False
+        self.method = b""
+        self.version = "1.1"
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: HttpServer) -> None:
+        self._server = server
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._request = _Request()
+        self._size = 0
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._discarding = False
+        self._too_large: PayloadTooLarge | None = None
+        self._lost = asyncio.Event()
+
+    # -- asyncio.Protocol --
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        self._server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._lost.set()
+        self._server.connections.discard(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._discarding:
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._reply_and_close(400, b'{"error":{"type":"invalid_request","message":"upgrade not supported"}}')
+        except (httptools.HttpParserError, PayloadTooLarge):
+            # httptools wraps what a callback raised: the size check is told apart by the flag it sets.
+            if self._too_large is None:
+                self._reply_and_close(400, b'{"error":{"type":"invalid_request","message":"malformed HTTP request"}}')
+                return
+            # Answer now, but keep reading (and dropping) what the client is still sending for a moment:
+            # a client that is mid-upload only reads the answer once its upload went through.
+            self._discarding = True
+            self._reply_and_close(413, self._too_large.body(), linger_seconds=2.0)
+
+    # -- httptools callbacks --
+    def on_message_begin(self) -> None:
+        self._request = _Request()
+        self._size = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._request.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._request.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        request = self._request
+        request.method = self._parser.get_method()
+        request.version = self._parser.get_http_version()
+        for name, value in request.headers:
+            if name == b"content-length" and value.isdigit() and int(value) > self._server.max_body:
+                self._too_large = PayloadTooLarge(f"request body exceeds {self._server.max_body} bytes")
+                raise self._too_large
+            if name == b"expect" and value.lower() == b"100-continue" and self._transport is not None:
+                self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size > self._server.max_body:
+            self._too_large = PayloadTooLarge(f"request body exceeds {self._server.max_body} bytes")
+            raise self._too_large
+        self._request.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._request.complete = True
+        assert self._transport is not None
+        self._transport.pause_reading()  # one request at a time: the next is read after this answer
+        self._task = asyncio.get_running_loop().create_task(
+            self._handle(self._request, self._parser.should_keep_alive())
+        )
+        self._server.tasks.add(self._task)
+        self._task.add_done_callback(self._server.tasks.discard)
+
+    # -- handling --
+    async def _handle(self, request: _Request, keep_alive: bool) -> None:
+        transport = self._transport
+        assert transport is not None
+        url = httptools.parse_url(request.url)
+        raw_path = url.path or b"/"
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": request.version,
+            "method": request.method.decode("ascii"),
+            "scheme": "http",
+            "path": unquote(raw_path.decode("latin-1")),
+            "raw_path": raw_path,
+            "query_string": url.query or b"",
+            "root_path": "",
+            "headers": request.headers,
+            "client": transport.get_extra_info("peername"),
+            "server": transport.get_extra_info("sockname"),
+        }
+        body = b"".join(request.body)
+        delivered = False
+        status = 500
+        headers: list[tuple[bytes, bytes]] = []
+        chunks: list[bytes] = []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await self._lost.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            nonlocal status, headers
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", [])]
+            elif message["type"] == "http.response.body":
+                chunks.append(bytes(message.get("body", b"")))
+
+        try:
+            await self._server.app(scope, receive, send)
+        except Exception:
+            status, headers = 500, [(b"content-type", b"application/json")]
+            chunks = [b'{"error":{"type":"internal","message":"internal error"}}']
+        if self._closed:
+            return
+        payload = b"".join(chunks)
+        keep_alive = keep_alive and not self._server.stopping
+        head = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"Unknown"))]
+        head += [k + b": " + v for k, v in headers if k.lower() not in (b"content-length", b"connection")]
+        head.append(b"content-length: %d" % len(payload))
+        if not keep_alive:
+            head.append(b"connection: close")
+        transport.write(b"\r\n".join(head) + b"\r\n\r\n" + (b"" if request.method == b"HEAD" else payload))
+        if keep_alive:
+            transport.resume_reading()
+        else:
+            transport.close()
+
+    def _reply_and_close(self, status: int, body: bytes, linger_seconds: float = 0.0) -> None:
+        if self._transport is None or self._closed:
+            return
+        head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+        self._transport.write(head % (status, _REASONS[status], len(body)) + body)
+        if linger_seconds:
+            asyncio.get_running_loop().call_later(linger_seconds, self._transport.close)
+        else:
+            self._transport.close()
+
+    def close_if_idle(self) -> None:
+        if self._transport is not None and (self._task is None or self._task.done()):
+            self._transport.close()
+
+
+class HttpServer:
+    def __init__(self, app: AsgiApp, max_body: int) -> None:
+        self.app = app
+        self.max_body = max_body
+        self.connections: set[_Connection] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.stopping = False
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self, grace_seconds: float = 10.0) -> None:
+        """Stop accepting, let requests under way finish (bounded), then close every connection."""
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            connection.close_if_idle()
+        if self.tasks:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True), grace_seconds)
+        for connection in list(self.connections):
+            if connection._transport is not None:
+                connection._transport.close()
+        if self._server is not None:
+            await self._server.wait_closed()

@@ -1,0 +1,88 @@
+"""The launcher's own HTTP/1.1 server and client, at the edges a general library would cover."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import MutableMapping
+from typing import Any
+
+import orjson
+import pytest
+
+from sessionmem_launcher.http_client import HttpClient, HttpError
+from sessionmem_launcher.server import serve_in_background
+from tests.support.valkey import free_port
+
+
+async def _echo(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+    message = await receive()
+    body = orjson.dumps(
+        {"path": scope["path"], "query": scope["query_string"].decode(), "body": message["body"].decode()}
+    )
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _raw(port: int, request: bytes, until: bytes = b"\r\n\r\n") -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    data = b""
+    while until not in data:
+        chunk = await asyncio.wait_for(reader.read(65536), 5)
+        if not chunk:
+            break
+        data += chunk
+    writer.close()
+    return data
+
+
+async def test_keep_alive_reuses_one_connection_and_decodes_the_path() -> None:
+    server = await serve_in_background(_echo, max_body=1024)
+    client = HttpClient(f"http://127.0.0.1:{server.port}")
+    try:
+        first = await client.request("POST", "/a%3Fb?x=1", [], b"hello")
+        second = await client.request("GET", "/again")
+        assert len(server.connections) == 1, "both requests went over one kept-alive connection"
+    finally:
+        await client.aclose()
+        await server.stop()
+    assert orjson.loads(first.body) == {"path": "/a?b", "query": "x=1", "body": "hello"}
+    assert orjson.loads(second.body)["path"] == "/again"
+
+
+async def test_chunked_bodies_expect_continue_malformed_requests_and_the_size_limit() -> None:
+    server = await serve_in_background(_echo, max_body=16)
+    try:
+        chunked = await _raw(
+            server.port,
+            b"POST /c HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            until=b'"body":"abc"',
+        )
+        expect = await _raw(
+            server.port, b"POST /e HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\nok"
+        )
+        malformed = await _raw(server.port, b"NOT HTTP AT ALL\r\n\r\n")
+        too_large = await _raw(server.port, b"POST /big HTTP/1.1\r\nhost: x\r\ncontent-length: 17\r\n\r\n")
+    finally:
+        await server.stop()
+    assert chunked.startswith(b"HTTP/1.1 200 OK") and b'"body":"abc"' in chunked
+    assert expect.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK")
+    assert malformed.startswith(b"HTTP/1.1 400") and b"invalid_request" in malformed
+    assert too_large.startswith(b"HTTP/1.1 413") and b"payload_too_large" in too_large
+
+
+async def test_client_errors_are_typed_and_a_dropped_keep_alive_connection_is_retried() -> None:
+    with pytest.raises(HttpError):
+        await HttpClient(f"http://127.0.0.1:{free_port()}").request("GET", "/")
+    server = await serve_in_background(_echo)
+    client = HttpClient(f"http://127.0.0.1:{server.port}")
+    try:
+        await client.request("GET", "/one")
+        for connection in list(server.connections):  # the server drops the idle keep-alive connection
+            connection.close_if_idle()
+        await asyncio.sleep(0.05)
+        again = await client.request("GET", "/two")
+    finally:
+        await client.aclose()
+        await server.stop()
+    assert again.status == 200 and orjson.loads(again.body)["path"] == "/two"
