@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import logging
 import pathlib
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-import orjson
 from fastapi import FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response
@@ -22,10 +20,11 @@ from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import InvalidRequest, SessionMemError, error_body
 from sessionmem_core.ids import validate_conversation_id
 from sessionmem_core.keys import Scope
-from sessionmem_core.store import ConversationStore, NewEntry, search_entries
+from sessionmem_core.store import ConversationStore, search_entries
 from sessionmem_core.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_core.valkey_client import connect
 from sessionmem_proxy.context import Ctx, ProxyContext, identify
+from sessionmem_proxy.hot import HotPath, append_conversation, memory_json, new_entries, read_conversation
 from sessionmem_proxy.identity import Authenticator, DevAuthenticator
 from sessionmem_proxy.keying import KeyResolver
 from sessionmem_proxy.kubeapi import KubeAPI
@@ -68,13 +67,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 def _json(body: bytes, status: int = 200) -> Response:
     return Response(content=body, status_code=status, media_type=JSON)
-
-
-def _memory_json(body: bytes, scope: str, entries: int, version: int | None) -> Response:
-    headers = {api.SCOPE_HEADER: scope, api.ENTRIES_HEADER: str(entries)}
-    if version is not None:
-        headers[api.VERSION_HEADER] = str(version)
-    return Response(content=body, media_type=JSON, headers=headers)
 
 
 def create_app(
@@ -130,6 +122,9 @@ def create_app(
         responses=_ERRORS,
     )
     app.state.ctx = ctx
+    # The two operations on every agent turn skip the framework's routing and parameter solving; the
+    # routes below still serve (and document) them with the same functions.
+    app.add_middleware(HotPath, ctx=ctx)
     app.add_middleware(BodySizeLimit, max_bytes=env.MAX_BODY_BYTES)
     _install_error_handlers(app)
     _install_routes(app)
@@ -203,36 +198,9 @@ def _install_routes(app: FastAPI) -> None:
         traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
         x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
     ) -> Response:
-        started = time.perf_counter()
-        outcome = "ok"
-        try:
-            with ctx.tracer.span("get", conversation_id, traceparent) as span:
-                validate_conversation_id(conversation_id)
-                identity = await identify(ctx, authorization)
-                key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
-                result = await (ctx.store.read_with_summary(key, limit) if summary else ctx.store.read(key, limit))
-                span.scope, span.entries, span.version = scope_used, len(result.raw_entries), result.version
-                summary_part = (b',"summary":' + result.raw_summary) if result.raw_summary else b""
-                body = b"".join(
-                    (
-                        b'{"conversationId":',
-                        orjson.dumps(conversation_id),
-                        b',"scope":"',
-                        scope_used.encode(),
-                        b'","version":',
-                        str(result.version).encode(),
-                        b',"entries":',
-                        result.entries_json(),
-                        summary_part,
-                        b"}",
-                    )
-                )
-                return _memory_json(body, scope_used, len(result.raw_entries), result.version)
-        except SessionMemError as exc:
-            outcome = exc.error_type
-            raise
-        finally:
-            ctx.metrics.observe("get", outcome, (time.perf_counter() - started) * 1000.0)
+        return await read_conversation(
+            ctx, conversation_id, limit, summary, scope, authorization, x_sessionmem_user_capability, traceparent
+        )
 
     @app.post(
         f"{prefix}/conversations/{{conversation_id:path}}/entries",
@@ -252,34 +220,18 @@ def _install_routes(app: FastAPI) -> None:
         traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
         x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
     ) -> Response:
-        started = time.perf_counter()
-        outcome = "ok"
-        try:
-            with ctx.tracer.span("append", conversation_id, traceparent) as span:
-                validate_conversation_id(conversation_id)
-                identity = await identify(ctx, authorization)
-                key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
-                result = await ctx.store.append(
-                    key,
-                    _new_entries(ctx, body.entries, redact),
-                    author=identity.owner.author,
-                    cap=cap,
-                    ttl_seconds=ttl_seconds,
-                )
-                span.scope, span.entries, span.version = scope_used, result.stored, result.version
-                duplicate = b"true" if result.duplicate else b"false"
-                return _memory_json(
-                    b'{"version":%d,"stored":%d,"duplicate":%s,"scope":"%s","length":%d}'
-                    % (result.version, result.stored, duplicate, scope_used.encode(), result.length),
-                    scope_used,
-                    result.stored,
-                    result.version,
-                )
-        except SessionMemError as exc:
-            outcome = exc.error_type
-            raise
-        finally:
-            ctx.metrics.observe("append", outcome, (time.perf_counter() - started) * 1000.0)
+        return await append_conversation(
+            ctx,
+            conversation_id,
+            body.entries,
+            scope,
+            cap,
+            ttl_seconds,
+            redact,
+            authorization,
+            x_sessionmem_user_capability,
+            traceparent,
+        )
 
     @app.get(
         f"{prefix}/conversations/{{conversation_id:path}}/search",
@@ -310,7 +262,7 @@ def _install_routes(app: FastAPI) -> None:
                 query=q,
                 matches=[wire.Entry.model_validate(m) for m in matches],
             )
-            return _memory_json(
+            return memory_json(
                 response.model_dump_json(by_alias=True).encode(), scope_used, len(matches), result.version
             )
 
@@ -343,7 +295,7 @@ def _install_routes(app: FastAPI) -> None:
             key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
             result = await ctx.store.replace(
                 key,
-                _new_entries(ctx, body.entries, redact),
+                new_entries(ctx, body.entries, redact),
                 author=identity.owner.author,
                 expected_version=expected,
                 cap=cap,
@@ -351,7 +303,7 @@ def _install_routes(app: FastAPI) -> None:
             )
             span.scope, span.entries, span.version = scope_used, result.stored, result.version
             response = wire.ReplaceResponse(version=result.version, stored=result.stored, scope=scope_used)
-            return _memory_json(response.model_dump_json().encode(), scope_used, result.stored, result.version)
+            return memory_json(response.model_dump_json().encode(), scope_used, result.stored, result.version)
 
     @app.delete(
         f"{prefix}/conversations/{{conversation_id:path}}",
@@ -374,14 +326,7 @@ def _install_routes(app: FastAPI) -> None:
             removed = await ctx.store.delete(key)
             span.scope, span.entries = scope_used, removed
             response = wire.DeleteResponse(deleted=removed > 0, entries=removed, scope=scope_used)
-            return _memory_json(response.model_dump_json().encode(), scope_used, removed, None)
-
-
-def _new_entries(ctx: ProxyContext, entries: list[wire.EntryIn], redact: str) -> list[NewEntry]:
-    redactor = ctx.redaction.chain(redact.split(",")) if redact else None
-    if redactor is None:
-        return [NewEntry(role=e.role.value, content=e.content, id=e.id) for e in entries]
-    return [NewEntry(role=e.role.value, content=redactor(e.content), id=e.id) for e in entries]
+            return memory_json(response.model_dump_json().encode(), scope_used, removed, None)
 
 
 def _parse_if_match(if_match: str | None) -> int | None:

@@ -27,7 +27,7 @@ class ProxyContext:
     metrics: ProxyMetrics
 
 
-def _context(request: Request) -> ProxyContext:
+async def _context(request: Request) -> ProxyContext:
     ctx: ProxyContext = request.app.state.ctx
     return ctx
 
