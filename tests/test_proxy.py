@@ -211,3 +211,17 @@ async def test_valkey_down_is_a_typed_503_and_recovers(
         valkey_server.start()
         back = await client.post("/v1/conversations/down/entries", json=exchange("b"))
     assert back.status_code == 200
+
+
+async def test_limits_that_protect_valkey_are_typed(proxy_process: ServiceProcess) -> None:
+    too_many = {"entries": [{"role": "user", "content": "x"}] * 65}
+    too_long = {"entries": [{"role": "user", "content": "x" * (256 * 1024 + 1)}]}
+    async with httpx.AsyncClient(base_url=proxy_process.base_url, headers=AUTH) as client:
+        many = await client.post("/v1/conversations/limits/entries", json=too_many)
+        long = await client.post("/v1/conversations/limits/entries", json=too_long)
+        big_cap = await client.post("/v1/conversations/limits/entries?cap=10001", json=exchange("a"))
+        big_read = await client.get("/v1/conversations/limits/entries?limit=501")
+        nothing = await client.get("/v1/conversations/limits/entries")
+    for response in (many, long, big_cap, big_read):
+        assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request", response.text
+    assert nothing.json()["entries"] == [], "nothing of a refused write was stored"
