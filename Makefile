@@ -48,7 +48,9 @@ crds-check:
 helm:
 	@bash tools/helm/ensure-helm.sh
 
+## Benchmarks side by side with raw Valkey and the peer libraries; writes docs/benchmarks.md.
 bench: $(STAMP)
+	@$(PY) -m pip install -q --disable-pip-version-check -r requirements-bench.txt
 	@$(PY) -m bench
 
 soak: $(STAMP)
