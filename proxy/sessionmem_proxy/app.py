@@ -23,7 +23,7 @@ from sessionmem_core.keys import Scope
 from sessionmem_core.store import ConversationStore, search_entries
 from sessionmem_core.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_core.valkey_client import connect
-from sessionmem_proxy.context import Ctx, ProxyContext, identify
+from sessionmem_proxy.context import Ctx, ProxyContext, conversation_operation
 from sessionmem_proxy.hot import HotPath, append_conversation, memory_json, new_entries, read_conversation
 from sessionmem_proxy.identity import Authenticator, DevAuthenticator
 from sessionmem_proxy.keying import KeyResolver
@@ -249,13 +249,13 @@ def _install_routes(app: FastAPI) -> None:
         traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
         x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
     ) -> Response:
-        with ctx.tracer.span("search", conversation_id, traceparent) as span:
-            validate_conversation_id(conversation_id)
-            identity = await identify(ctx, authorization)
-            key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
-            result = await ctx.store.read_all(key)
+        async with conversation_operation(
+            ctx, "search", conversation_id, scope, authorization, x_sessionmem_user_capability, traceparent
+        ) as operation:
+            result = await ctx.store.read_all(operation.key)
             matches = search_entries(result.raw_entries, q, limit)
-            span.scope, span.entries, span.version = scope_used, len(matches), result.version
+            operation.span.entries, operation.span.version = len(matches), result.version
+            scope_used = operation.scope
             response = wire.SearchResponse(
                 conversationId=conversation_id,
                 scope=scope_used,
@@ -288,20 +288,20 @@ def _install_routes(app: FastAPI) -> None:
         traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
         x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
     ) -> Response:
-        with ctx.tracer.span("replace", conversation_id, traceparent) as span:
-            validate_conversation_id(conversation_id)
-            expected = _parse_if_match(if_match)
-            identity = await identify(ctx, authorization)
-            key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
+        expected = _parse_if_match(if_match)
+        async with conversation_operation(
+            ctx, "replace", conversation_id, scope, authorization, x_sessionmem_user_capability, traceparent
+        ) as operation:
             result = await ctx.store.replace(
-                key,
+                operation.key,
                 new_entries(ctx, body.entries, redact),
-                author=identity.owner.author,
+                author=operation.identity.owner.author,
                 expected_version=expected,
                 cap=cap,
                 ttl_seconds=ttl_seconds,
             )
-            span.scope, span.entries, span.version = scope_used, result.stored, result.version
+            operation.span.entries, operation.span.version = result.stored, result.version
+            scope_used = operation.scope
             response = wire.ReplaceResponse(version=result.version, stored=result.stored, scope=scope_used)
             return memory_json(response.model_dump_json().encode(), scope_used, result.stored, result.version)
 
@@ -319,12 +319,12 @@ def _install_routes(app: FastAPI) -> None:
         traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
         x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
     ) -> Response:
-        with ctx.tracer.span("delete", conversation_id, traceparent) as span:
-            validate_conversation_id(conversation_id)
-            identity = await identify(ctx, authorization)
-            key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
-            removed = await ctx.store.delete(key)
-            span.scope, span.entries = scope_used, removed
+        async with conversation_operation(
+            ctx, "delete", conversation_id, scope, authorization, x_sessionmem_user_capability, traceparent
+        ) as operation:
+            removed = await ctx.store.delete(operation.key)
+            operation.span.entries = removed
+            scope_used = operation.scope
             response = wire.DeleteResponse(deleted=removed > 0, entries=removed, scope=scope_used)
             return memory_json(response.model_dump_json().encode(), scope_used, removed, None)
 

@@ -7,7 +7,6 @@ ASGI, skipping the framework's routing and parameter solving, which cost more th
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl
@@ -22,7 +21,7 @@ from sessionmem_core.errors import InvalidRequest, SessionMemError
 from sessionmem_core.ids import validate_conversation_id
 from sessionmem_core.keys import Scope as MemoryScope
 from sessionmem_core.store import NewEntry
-from sessionmem_proxy.context import ProxyContext, identify
+from sessionmem_proxy.context import ProxyContext, conversation_operation
 
 JSON = "application/json"
 
@@ -51,36 +50,29 @@ async def read_conversation(
     capability: str | None,
     traceparent: str | None,
 ) -> Response:
-    started = time.perf_counter()
-    outcome = "ok"
-    try:
-        with ctx.tracer.span("get", conversation_id, traceparent) as span:
-            validate_conversation_id(conversation_id)
-            identity = await identify(ctx, authorization)
-            key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, capability)
-            result = await (ctx.store.read_with_summary(key, limit) if summary else ctx.store.read(key, limit))
-            span.scope, span.entries, span.version = scope_used, len(result.raw_entries), result.version
-            summary_part = (b',"summary":' + result.raw_summary) if result.raw_summary else b""
-            body = b"".join(
-                (
-                    b'{"conversationId":',
-                    orjson.dumps(conversation_id),
-                    b',"scope":"',
-                    scope_used.encode(),
-                    b'","version":',
-                    str(result.version).encode(),
-                    b',"entries":',
-                    result.entries_json(),
-                    summary_part,
-                    b"}",
-                )
+    async with conversation_operation(
+        ctx, "get", conversation_id, scope, authorization, capability, traceparent
+    ) as operation:
+        result = await (
+            ctx.store.read_with_summary(operation.key, limit) if summary else ctx.store.read(operation.key, limit)
+        )
+        operation.span.entries, operation.span.version = len(result.raw_entries), result.version
+        summary_part = (b',"summary":' + result.raw_summary) if result.raw_summary else b""
+        body = b"".join(
+            (
+                b'{"conversationId":',
+                orjson.dumps(conversation_id),
+                b',"scope":"',
+                operation.scope.encode(),
+                b'","version":',
+                str(result.version).encode(),
+                b',"entries":',
+                result.entries_json(),
+                summary_part,
+                b"}",
             )
-            return memory_json(body, scope_used, len(result.raw_entries), result.version)
-    except SessionMemError as exc:
-        outcome = exc.error_type
-        raise
-    finally:
-        ctx.metrics.observe("get", outcome, (time.perf_counter() - started) * 1000.0)
+        )
+        return memory_json(body, operation.scope, len(result.raw_entries), result.version)
 
 
 async def append_conversation(
@@ -95,34 +87,25 @@ async def append_conversation(
     capability: str | None,
     traceparent: str | None,
 ) -> Response:
-    started = time.perf_counter()
-    outcome = "ok"
-    try:
-        with ctx.tracer.span("append", conversation_id, traceparent) as span:
-            validate_conversation_id(conversation_id)
-            identity = await identify(ctx, authorization)
-            key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, capability)
-            result = await ctx.store.append(
-                key,
-                new_entries(ctx, entries, redact),
-                author=identity.owner.author,
-                cap=cap,
-                ttl_seconds=ttl_seconds,
-            )
-            span.scope, span.entries, span.version = scope_used, result.stored, result.version
-            duplicate = b"true" if result.duplicate else b"false"
-            return memory_json(
-                b'{"version":%d,"stored":%d,"duplicate":%s,"scope":"%s","length":%d}'
-                % (result.version, result.stored, duplicate, scope_used.encode(), result.length),
-                scope_used,
-                result.stored,
-                result.version,
-            )
-    except SessionMemError as exc:
-        outcome = exc.error_type
-        raise
-    finally:
-        ctx.metrics.observe("append", outcome, (time.perf_counter() - started) * 1000.0)
+    async with conversation_operation(
+        ctx, "append", conversation_id, scope, authorization, capability, traceparent
+    ) as operation:
+        result = await ctx.store.append(
+            operation.key,
+            new_entries(ctx, entries, redact),
+            author=operation.identity.owner.author,
+            cap=cap,
+            ttl_seconds=ttl_seconds,
+        )
+        operation.span.entries, operation.span.version = result.stored, result.version
+        duplicate = b"true" if result.duplicate else b"false"
+        return memory_json(
+            b'{"version":%d,"stored":%d,"duplicate":%s,"scope":"%s","length":%d}'
+            % (result.version, result.stored, duplicate, operation.scope.encode(), result.length),
+            operation.scope,
+            result.stored,
+            result.version,
+        )
 
 
 def _int_param(params: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:

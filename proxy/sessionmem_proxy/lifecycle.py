@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from sessionmem_core import api, wire
 from sessionmem_core.errors import InvalidRequest
 from sessionmem_core.keys import Scope, session_prefix
-from sessionmem_proxy.context import Ctx, ProxyContext, identify
+from sessionmem_proxy.context import Ctx, ProxyContext, conversation_operation, identify
 
 JSON = "application/json"
 _SCAN_BATCH = 200
@@ -75,11 +75,12 @@ def install_lifecycle_routes(app: FastAPI) -> None:
         traceparent: TraceHeader = None,
         x_sessionmem_user_capability: CapabilityHeader = None,
     ) -> Response:
-        with ctx.tracer.span("export", conversation_id, traceparent) as span:
-            identity = await identify(ctx, authorization)
-            key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
-            result = await ctx.store.read_all(key)
-            span.scope, span.entries, span.version = scope_used, len(result.raw_entries), result.version
+        async with conversation_operation(
+            ctx, "export", conversation_id, scope, authorization, x_sessionmem_user_capability, traceparent
+        ) as operation:
+            result = await ctx.store.read_all(operation.key)
+            operation.span.entries, operation.span.version = len(result.raw_entries), result.version
+            scope_used = operation.scope
             body = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":%s}' % (
                 orjson.dumps(conversation_id),
                 scope_used.encode(),
@@ -102,11 +103,12 @@ def install_lifecycle_routes(app: FastAPI) -> None:
         traceparent: TraceHeader = None,
         x_sessionmem_user_capability: CapabilityHeader = None,
     ) -> Response:
-        with ctx.tracer.span("info", conversation_id, traceparent) as span:
-            identity = await identify(ctx, authorization)
-            key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, x_sessionmem_user_capability)
-            length, version, ttl = await ctx.store.info(key)
-            span.scope, span.entries, span.version = scope_used, length, version
+        async with conversation_operation(
+            ctx, "info", conversation_id, scope, authorization, x_sessionmem_user_capability, traceparent
+        ) as operation:
+            length, version, ttl = await ctx.store.info(operation.key)
+            operation.span.entries, operation.span.version = length, version
+            scope_used = operation.scope
             return _json(
                 wire.ConversationInfo(
                     conversationId=conversation_id,
