@@ -45,15 +45,11 @@ def test_the_document_has_examples_and_every_one_compiles() -> None:
 
 @pytest.mark.parametrize(
     "code",
+    # Examples marked NOT_RUN need a perUser agent: test_client_lifecycle.py runs that flow instead.
     [
-        pytest.param(
-            code,
-            id=f"{n}-{section}",
-            marks=[pytest.mark.skip("needs a perUser agent: see test_client_lifecycle.py")],
-        )
-        if code.startswith(NOT_RUN)
-        else pytest.param(code, id=f"{n}-{section}")
+        pytest.param(code, id=f"{n}-{section}")
         for n, (section, code) in enumerate(EXAMPLES)
+        if not code.startswith(NOT_RUN)
     ],
 )
 async def test_the_example_runs(launcher: Launcher, monkeypatch: pytest.MonkeyPatch, code: str) -> None:
