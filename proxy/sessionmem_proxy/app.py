@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, Path, Query, Request
+from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response
 from opentelemetry.trace import TracerProvider
@@ -32,26 +32,22 @@ from sessionmem_proxy.lifecycle import install_lifecycle_routes
 from sessionmem_proxy.limits import BodySizeLimit
 from sessionmem_proxy.membership import KubeRegistryMembership, Membership
 from sessionmem_proxy.metrics import ProxyMetrics
+from sessionmem_proxy.params import (
+    AuthHeader,
+    CapabilityHeader,
+    CapQuery,
+    ConversationIdPath,
+    RedactQuery,
+    ScopeQuery,
+    TraceHeader,
+    TtlQuery,
+)
 from sessionmem_proxy.redaction import Redaction
 from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
 
 JSON = "application/json"
 _LOG = logging.getLogger("sessionmem.proxy")
 
-
-ConversationIdPath = Annotated[
-    str, Path(description="Conversation id: 1-128 chars, no '/', ':', whitespace or control")
-]
-CapQuery = Annotated[
-    int, Query(alias=api.CAP_PARAM, ge=1, le=env.MAX_CAP, description="Entries kept (LTRIM) after this write")
-]
-TtlQuery = Annotated[
-    int, Query(alias=api.TTL_PARAM, ge=1, le=env.MAX_TTL_SECONDS, description="TTL in seconds this write refreshes")
-]
-RedactQuery = Annotated[
-    str, Query(description="Comma-separated redactors applied before storing (email, phone, card, or configured)")
-]
-ScopeQuery = Annotated[Scope, Query(description="Requested scope; shared applies only to verified registry members")]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": wire.ErrorResponse, "description": text}
@@ -194,9 +190,9 @@ def _install_routes(app: FastAPI) -> None:
         limit: Annotated[int, Query(ge=0, le=env.MAX_READ_LIMIT)] = env.DEFAULT_REPLAY_MESSAGES,
         summary: Annotated[bool, Query(description="Also return the rolling summary of older turns")] = False,
         scope: ScopeQuery = Scope.SESSION,
-        authorization: Annotated[str | None, Header()] = None,
-        traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
-        x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
+        authorization: AuthHeader = None,
+        traceparent: TraceHeader = None,
+        x_sessionmem_user_capability: CapabilityHeader = None,
     ) -> Response:
         return await read_conversation(
             ctx, conversation_id, limit, summary, scope, authorization, x_sessionmem_user_capability, traceparent
@@ -216,9 +212,9 @@ def _install_routes(app: FastAPI) -> None:
         cap: CapQuery = env.DEFAULT_CAP,
         ttl_seconds: TtlQuery = env.DEFAULT_TTL_SECONDS,
         redact: RedactQuery = "",
-        authorization: Annotated[str | None, Header()] = None,
-        traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
-        x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
+        authorization: AuthHeader = None,
+        traceparent: TraceHeader = None,
+        x_sessionmem_user_capability: CapabilityHeader = None,
     ) -> Response:
         return await append_conversation(
             ctx,
@@ -245,9 +241,9 @@ def _install_routes(app: FastAPI) -> None:
         q: Annotated[str, Query(min_length=1, max_length=1024)],
         limit: Annotated[int, Query(ge=1, le=100)] = 10,
         scope: ScopeQuery = Scope.SESSION,
-        authorization: Annotated[str | None, Header()] = None,
-        traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
-        x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
+        authorization: AuthHeader = None,
+        traceparent: TraceHeader = None,
+        x_sessionmem_user_capability: CapabilityHeader = None,
     ) -> Response:
         async with conversation_operation(
             ctx, "search", conversation_id, scope, authorization, x_sessionmem_user_capability, traceparent
@@ -284,9 +280,9 @@ def _install_routes(app: FastAPI) -> None:
         cap: CapQuery = env.DEFAULT_CAP,
         ttl_seconds: TtlQuery = env.DEFAULT_TTL_SECONDS,
         redact: RedactQuery = "",
-        authorization: Annotated[str | None, Header()] = None,
-        traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
-        x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
+        authorization: AuthHeader = None,
+        traceparent: TraceHeader = None,
+        x_sessionmem_user_capability: CapabilityHeader = None,
     ) -> Response:
         expected = _parse_if_match(if_match)
         async with conversation_operation(
@@ -315,9 +311,9 @@ def _install_routes(app: FastAPI) -> None:
         ctx: Ctx,
         conversation_id: ConversationIdPath,
         scope: ScopeQuery = Scope.SESSION,
-        authorization: Annotated[str | None, Header()] = None,
-        traceparent: Annotated[str | None, Header(include_in_schema=False)] = None,
-        x_sessionmem_user_capability: Annotated[str | None, Header()] = None,
+        authorization: AuthHeader = None,
+        traceparent: TraceHeader = None,
+        x_sessionmem_user_capability: CapabilityHeader = None,
     ) -> Response:
         async with conversation_operation(
             ctx, "delete", conversation_id, scope, authorization, x_sessionmem_user_capability, traceparent

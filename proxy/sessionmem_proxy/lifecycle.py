@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import orjson
-from fastapi import FastAPI, Header, Query
+from fastapi import FastAPI, Query
 from fastapi.responses import Response
 from pydantic import BaseModel
 
@@ -14,16 +14,12 @@ from sessionmem_core import api, wire
 from sessionmem_core.errors import InvalidRequest
 from sessionmem_core.keys import Scope, session_prefix
 from sessionmem_proxy.context import Ctx, ProxyContext, conversation_operation, identify
+from sessionmem_proxy.params import AuthHeader, CapabilityHeader, ConversationIdPath, ScopeQuery, TraceHeader
 
 JSON = "application/json"
 _SCAN_BATCH = 200
 # A page scans at most this many batches, so one request stays bounded however sparse the keyspace.
 _MAX_SCANS_PER_PAGE = 50
-
-AuthHeader = Annotated[str | None, Header()]
-CapabilityHeader = Annotated[str | None, Header()]
-TraceHeader = Annotated[str | None, Header(include_in_schema=False)]
-ScopeQuery = Annotated[Scope, Query(description="Requested scope; shared applies only to verified registry members")]
 
 
 def _json(model: BaseModel) -> Response:
@@ -69,7 +65,7 @@ def install_lifecycle_routes(app: FastAPI) -> None:
     )
     async def export(
         ctx: Ctx,
-        conversation_id: str,
+        conversation_id: ConversationIdPath,
         scope: ScopeQuery = Scope.SESSION,
         authorization: AuthHeader = None,
         traceparent: TraceHeader = None,
@@ -97,7 +93,7 @@ def install_lifecycle_routes(app: FastAPI) -> None:
     )
     async def info(
         ctx: Ctx,
-        conversation_id: str,
+        conversation_id: ConversationIdPath,
         scope: ScopeQuery = Scope.SESSION,
         authorization: AuthHeader = None,
         traceparent: TraceHeader = None,
