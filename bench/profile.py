@@ -107,8 +107,12 @@ def _layer(frames: list[str]) -> str:
         for name, needles in LAYERS:
             if any(n in frame for n in needles):
                 if name.startswith("sessionmem code"):
-                    # Our own code, by module: which of our files the time is spent in.
+                    # Our own code, by module: which of our files the time is spent in. A ``__main__``
+                    # frame only starts the event loop: time under it alone is the loop's own.
                     module = frame[frame.rfind("(") + 1 :].partition(":")[0]
+                    if module.endswith("/__main__.py"):
+                        generic = True
+                        break
                     return f"sessionmem code: {module}"
                 return name
         if any(n in frame for n in GENERIC[1]):

@@ -41,8 +41,9 @@ async def test_keep_alive_reuses_one_connection_and_decodes_the_path() -> None:
     client = HttpClient(f"http://127.0.0.1:{server.port}")
     try:
         first = await client.request("POST", "/a%3Fb?x=1", [], b"hello")
+        connection = next(iter(server.connections))
         second = await client.request("GET", "/again")
-        assert len(server.connections) == 1, "both requests went over one kept-alive connection"
+        assert server.connections == {connection}, "both requests went over one kept-alive connection"
     finally:
         await client.aclose()
         await server.stop()

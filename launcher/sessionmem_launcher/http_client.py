@@ -45,6 +45,8 @@ class _ResponseReader:
     headers: Headers = field(default_factory=list)
     chunks: list[bytes] = field(default_factory=list)
     complete: bool = False
+    keep_alive: bool = False
+    parser: Any = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
@@ -54,6 +56,8 @@ class _ResponseReader:
 
     def on_message_complete(self) -> None:
         self.complete = True
+        # Asked here: once feed_data returns, httptools has reset and always answers False.
+        self.keep_alive = bool(self.parser.should_keep_alive())
 
 
 class HttpClient:
@@ -113,6 +117,7 @@ class HttpClient:
     async def _read(reader: asyncio.StreamReader) -> tuple[HttpResponse, bool]:
         state = _ResponseReader()
         parser = httptools.HttpResponseParser(state)
+        state.parser = parser
         received = False
         while not state.complete:
             data = await reader.read(65536)
@@ -125,9 +130,7 @@ class HttpClient:
                 break
             received = True
             parser.feed_data(data)
-        status = parser.get_status_code()
-        keep = parser.should_keep_alive()
-        return HttpResponse(status, state.headers, b"".join(state.chunks)), keep
+        return HttpResponse(parser.get_status_code(), state.headers, b"".join(state.chunks)), state.keep_alive
 
     async def aclose(self) -> None:
         while self._idle:
