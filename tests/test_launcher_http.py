@@ -78,7 +78,7 @@ async def test_client_errors_are_typed_and_a_dropped_keep_alive_connection_is_re
     server = await serve_in_background(_echo)
     client = HttpClient(f"http://127.0.0.1:{server.port}")
     try:
-        await client.request("GET", "/one")
+        await asyncio.gather(*(client.request("GET", "/one") for _ in range(3)))  # three pooled connections
         for connection in list(server.connections):  # the server drops the idle keep-alive connection
             connection.close_if_idle()
         await asyncio.sleep(0.05)

@@ -63,7 +63,7 @@ class _ResponseReader:
 class HttpClient:
     """Requests to one origin (``http://host:port`` or ``https://...``) over pooled connections."""
 
-    def __init__(self, base_url: str, max_idle: int = 64) -> None:
+    def __init__(self, base_url: str, max_idle: int = 16) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"unsupported URL {base_url!r}: http(s)://host[:port] expected")
@@ -89,6 +89,9 @@ class HttpClient:
             except (OSError, asyncio.IncompleteReadError, httptools.HttpParserError, _NothingReceived) as exc:
                 writer.close()
                 if reused and attempt == 0 and isinstance(exc, _NothingReceived):
+                    # The peer dropped idle connections (its keep-alive timeout): the others in the pool
+                    # are as old, so retry once on a fresh connection.
+                    self._drop_idle()
                     continue
                 raise HttpError(f"{method} {target}: {type(exc).__name__}") from exc
             except BaseException:
@@ -120,7 +123,12 @@ class HttpClient:
         state.parser = parser
         received = False
         while not state.complete:
-            data = await reader.read(65536)
+            try:
+                data = await reader.read(65536)
+            except OSError as exc:
+                if not received:
+                    raise _NothingReceived from exc  # reset before any answer: the request was not processed
+                raise
             if not data:
                 if not received:
                     raise _NothingReceived
@@ -132,10 +140,13 @@ class HttpClient:
             parser.feed_data(data)
         return HttpResponse(parser.get_status_code(), state.headers, b"".join(state.chunks)), state.keep_alive
 
-    async def aclose(self) -> None:
+    def _drop_idle(self) -> None:
         while self._idle:
             _, writer = self._idle.pop()
             writer.close()
+
+    async def aclose(self) -> None:
+        self._drop_idle()
 
 
 class _NothingReceived(Exception):
