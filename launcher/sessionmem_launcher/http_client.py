@@ -63,7 +63,7 @@ class _ResponseReader:
 class HttpClient:
     """Requests to one origin (``http://host:port`` or ``https://...``) over pooled connections."""
 
-    def __init__(self, base_url: str, max_idle: int = 16) -> None:
+    def __init__(self, base_url: str, max_idle: int = 64) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"unsupported URL {base_url!r}: http(s)://host[:port] expected")
