@@ -16,6 +16,7 @@ import httpx
 
 from sessionmem_core import env
 from tests.harness.apiserver import KubeTestCluster, ManagedProcess
+from tests.support.processes import stop_process_group
 
 PROXY_URL = "http://sessionmem-proxy.sessionmem.svc:8000"
 AUDIENCE = "sessionmem-faults-audience"
@@ -82,15 +83,8 @@ class OperatorProcess:
         self.stop(signal.SIGKILL)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self._proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._proc.pid, sig)
-        try:
-            self._proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-            self._proc.wait()
+        if self._proc is not None:
+            stop_process_group(self._proc, sig, timeout=15)
         self._proc = None
 
     def log(self) -> str:

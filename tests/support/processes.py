@@ -15,6 +15,19 @@ from pathlib import Path
 import httpx
 
 
+def stop_process_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+    """Signal a child started with ``start_new_session`` and everything it started; escalate to SIGKILL
+    when it does not exit in time, so no test leaves a server behind."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 class ServiceProcess:
     def __init__(self, module: str, env: Mapping[str, str], port: int, health_path: str = "/healthz") -> None:
         self.module = module
@@ -45,15 +58,8 @@ class ServiceProcess:
         raise RuntimeError(f"{self.module} did not become healthy:\n{self.log_path.read_text()[-3000:]}")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self._proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._proc.pid, sig)
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-            self._proc.wait()
+        if self._proc is not None:
+            stop_process_group(self._proc, sig)
         self._proc = None
 
     @property

