@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from opentelemetry.trace import TracerProvider
 
 from sessionmem_core.env import MAX_BODY_BYTES, LauncherSettings
+from sessionmem_core.http_server import AsgiApp, HttpServer
 from sessionmem_core.telemetry import MemoryTracer, tracer_provider_from_env
-from sessionmem_launcher.http_server import AsgiApp, HttpServer
 from sessionmem_launcher.managed_loop import ManagedLoop
 from sessionmem_launcher.memory_api import MemoryEndpoint
 from sessionmem_launcher.memory_client import MemoryClient, memory_client_from_settings

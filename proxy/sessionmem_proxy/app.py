@@ -24,7 +24,15 @@ from sessionmem_core.store import ConversationStore, search_entries
 from sessionmem_core.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_core.valkey_client import connect
 from sessionmem_proxy.context import Ctx, ProxyContext, conversation_operation
-from sessionmem_proxy.hot import HotPath, append_conversation, memory_json, new_entries, read_conversation
+from sessionmem_proxy.hot import (
+    HotPath,
+    append_conversation,
+    as_response,
+    internal_error_body,
+    memory_json,
+    new_entries,
+    read_conversation,
+)
 from sessionmem_proxy.identity import Authenticator, DevAuthenticator
 from sessionmem_proxy.keying import KeyResolver
 from sessionmem_proxy.kubeapi import KubeAPI
@@ -135,9 +143,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def on_unexpected(_: Request, exc: Exception) -> Response:
-        # Still a typed body: a client must never have to parse a bare text error.
         _LOG.exception("unhandled error")
-        return _json(error_body("internal", f"internal error ({type(exc).__name__})"), 500)
+        return _json(internal_error_body(exc), 500)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, exc: RequestValidationError) -> Response:
@@ -194,8 +201,10 @@ def _install_routes(app: FastAPI) -> None:
         traceparent: TraceHeader = None,
         x_sessionmem_user_capability: CapabilityHeader = None,
     ) -> Response:
-        return await read_conversation(
-            ctx, conversation_id, limit, summary, scope, authorization, x_sessionmem_user_capability, traceparent
+        return as_response(
+            await read_conversation(
+                ctx, conversation_id, limit, summary, scope, authorization, x_sessionmem_user_capability, traceparent
+            )
         )
 
     @app.post(
@@ -216,17 +225,19 @@ def _install_routes(app: FastAPI) -> None:
         traceparent: TraceHeader = None,
         x_sessionmem_user_capability: CapabilityHeader = None,
     ) -> Response:
-        return await append_conversation(
-            ctx,
-            conversation_id,
-            body.entries,
-            scope,
-            cap,
-            ttl_seconds,
-            redact,
-            authorization,
-            x_sessionmem_user_capability,
-            traceparent,
+        return as_response(
+            await append_conversation(
+                ctx,
+                conversation_id,
+                body.entries,
+                scope,
+                cap,
+                ttl_seconds,
+                redact,
+                authorization,
+                x_sessionmem_user_capability,
+                traceparent,
+            )
         )
 
     @app.get(

@@ -1,12 +1,15 @@
 """The hot path: reading the window and appending the exchange, once per agent turn each.
 
-``read_conversation`` and ``append_conversation`` are the one implementation of the two operations; the
-FastAPI routes call them (and document them in the OpenAPI), and ``HotPath`` calls them straight from
-ASGI, skipping the framework's routing and parameter solving, which cost more than the operation itself.
+``read_conversation`` and ``append_conversation`` are the one implementation of the two operations, and
+``serve_entries`` the one reading of their HTTP inputs. The FastAPI routes call the operations (and
+document them in the OpenAPI); ``HotRoutes`` serves them straight from the proxy's HTTP server, and
+``HotPath`` from ASGI (the in-process app a launcher in direct mode runs), both skipping the framework's
+routing, middleware and parameter solving, which cost more than the operation itself.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl
@@ -17,20 +20,45 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sessionmem_core import api, env, wire
-from sessionmem_core.errors import InvalidRequest, SessionMemError
+from sessionmem_core.errors import InvalidRequest, SessionMemError, error_body
+from sessionmem_core.http_server import DirectHandler, HttpRequest, Reply
 from sessionmem_core.ids import validate_conversation_id
 from sessionmem_core.keys import Scope as MemoryScope
 from sessionmem_core.store import NewEntry
 from sessionmem_proxy.context import ProxyContext, conversation_operation
 
 JSON = "application/json"
+JSON_HEADERS = ((b"content-type", JSON.encode()),)
+_SCOPE_HEADER, _ENTRIES_HEADER, _VERSION_HEADER = (
+    h.lower().encode() for h in (api.SCOPE_HEADER, api.ENTRIES_HEADER, api.VERSION_HEADER)
+)
+_LOG = logging.getLogger("sessionmem.proxy")
+
+
+def memory_reply(body: bytes, scope: str, entries: int, version: int | None) -> Reply:
+    headers = [*JSON_HEADERS, (_SCOPE_HEADER, scope.encode()), (_ENTRIES_HEADER, b"%d" % entries)]
+    if version is not None:
+        headers.append((_VERSION_HEADER, b"%d" % version))
+    return Reply(200, headers, body)
+
+
+def error_reply(error: SessionMemError) -> Reply:
+    return Reply(error.status, JSON_HEADERS, error.body())
+
+
+def internal_error_body(exc: Exception) -> bytes:
+    # Still a typed body: a client must never have to parse a bare text error.
+    return error_body("internal", f"internal error ({type(exc).__name__})")
+
+
+def as_response(reply: Reply) -> Response:
+    response = Response(content=reply.body, status_code=reply.status)
+    response.raw_headers = [*reply.headers, (b"content-length", b"%d" % len(reply.body))]
+    return response
 
 
 def memory_json(body: bytes, scope: str, entries: int, version: int | None) -> Response:
-    headers = {api.SCOPE_HEADER: scope, api.ENTRIES_HEADER: str(entries)}
-    if version is not None:
-        headers[api.VERSION_HEADER] = str(version)
-    return Response(content=body, media_type=JSON, headers=headers)
+    return as_response(memory_reply(body, scope, entries, version))
 
 
 def new_entries(ctx: ProxyContext, entries: Sequence[wire.EntryIn], redact: str) -> list[NewEntry]:
@@ -49,7 +77,7 @@ async def read_conversation(
     authorization: str | None,
     capability: str | None,
     traceparent: str | None,
-) -> Response:
+) -> Reply:
     async with conversation_operation(
         ctx, "get", conversation_id, scope, authorization, capability, traceparent
     ) as operation:
@@ -72,7 +100,7 @@ async def read_conversation(
                 b"}",
             )
         )
-        return memory_json(body, operation.scope, len(result.raw_entries), result.version)
+        return memory_reply(body, operation.scope, len(result.raw_entries), result.version)
 
 
 async def append_conversation(
@@ -86,7 +114,7 @@ async def append_conversation(
     authorization: str | None,
     capability: str | None,
     traceparent: str | None,
-) -> Response:
+) -> Reply:
     async with conversation_operation(
         ctx, "append", conversation_id, scope, authorization, capability, traceparent
     ) as operation:
@@ -99,7 +127,7 @@ async def append_conversation(
         )
         operation.span.entries, operation.span.version = result.stored, result.version
         duplicate = b"true" if result.duplicate else b"false"
-        return memory_json(
+        return memory_reply(
             b'{"version":%d,"stored":%d,"duplicate":%s,"scope":"%s","length":%d}'
             % (result.version, result.stored, duplicate, operation.scope.encode(), result.length),
             operation.scope,
@@ -132,69 +160,112 @@ def _bool_param(params: dict[str, str], name: str) -> bool:
     return raw in ("true", "1", "yes", "on")
 
 
+async def serve_entries(
+    ctx: ProxyContext, op: str, conversation_id: str, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+) -> Reply:
+    """GET (``op`` "get") or POST (``op`` "append") ``.../conversations/{id}/entries``, from the raw
+    request; a typed error becomes its typed answer."""
+    try:
+        return await _serve(ctx, op, conversation_id, query, dict(headers), body)
+    except SessionMemError as exc:
+        return error_reply(exc)
+
+
+async def _serve(
+    ctx: ProxyContext, op: str, conversation_id: str, query: bytes, headers: dict[bytes, bytes], body: bytes
+) -> Reply:
+    authorization = _header(headers, b"authorization")
+    capability = _header(headers, _CAPABILITY_HEADER)
+    traceparent = _header(headers, b"traceparent")
+    params = dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True)) if query else {}
+    validate_conversation_id(conversation_id)
+    if op == "get":
+        limit = _int_param(params, api.LIMIT_PARAM, env.DEFAULT_REPLAY_MESSAGES, 0, env.MAX_READ_LIMIT)
+        return await read_conversation(
+            ctx,
+            conversation_id,
+            limit,
+            _bool_param(params, "summary"),
+            _scope_param(params),
+            authorization,
+            capability,
+            traceparent,
+        )
+    cap = _int_param(params, api.CAP_PARAM, env.DEFAULT_CAP, 1, env.MAX_CAP)
+    ttl = _int_param(params, api.TTL_PARAM, env.DEFAULT_TTL_SECONDS, 1, env.MAX_TTL_SECONDS)
+    try:
+        request = wire.AppendRequest.model_validate_json(body)
+    except ValidationError as exc:
+        raise InvalidRequest(_problems(exc.errors())) from exc
+    return await append_conversation(
+        ctx,
+        conversation_id,
+        request.entries,
+        _scope_param(params),
+        cap,
+        ttl,
+        params.get(api.REDACT_PARAM, ""),
+        authorization,
+        capability,
+        traceparent,
+    )
+
+
+def _entries_route(method: str, path: str) -> tuple[str, str] | None:
+    """(operation, conversation id) when this is a read or an append of entries, else None."""
+    if not path.endswith("/entries") or method not in ("GET", "POST"):
+        return None
+    try:
+        op, conversation_id = api.memory_route(method, path)
+    except SessionMemError:
+        return None  # not one of ours: the framework answers it (a 404 naming what is wrong)
+    return op, conversation_id or ""
+
+
+class HotRoutes:
+    """The ``Router`` of the proxy's HTTP server: claims the two per-turn operations, leaves the rest to
+    the FastAPI app."""
+
+    def __init__(self, ctx: ProxyContext) -> None:
+        self.ctx = ctx
+
+    def __call__(self, method: bytes, path: str) -> DirectHandler | None:
+        route = _entries_route(method.decode("latin-1"), path)
+        if route is None:
+            return None
+        op, conversation_id = route
+        ctx = self.ctx
+
+        async def handle(request: HttpRequest) -> Reply:
+            try:
+                return await serve_entries(ctx, op, conversation_id, request.query, request.headers, request.body)
+            except Exception as exc:
+                _LOG.exception("unhandled error")
+                return Reply(500, JSON_HEADERS, internal_error_body(exc))
+
+        return handle
+
+
 class HotPath:
-    """Serves GET and POST ``/v1/conversations/{id}/entries`` directly; everything else goes on to the
-    framework."""
+    """ASGI middleware serving GET and POST ``/v1/conversations/{id}/entries`` directly; everything else
+    goes on to the framework."""
 
     def __init__(self, app: ASGIApp, ctx: ProxyContext) -> None:
         self.app = app
         self.ctx = ctx
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path: str = scope.get("path", "")
-        method = scope.get("method")
-        if scope["type"] != "http" or not path.endswith("/entries") or method not in ("GET", "POST"):
+        route = _entries_route(scope.get("method", ""), scope.get("path", "")) if scope["type"] == "http" else None
+        if route is None:
             await self.app(scope, receive, send)
             return
-        try:
-            op, conversation_id = api.memory_route(method, path)
-        except SessionMemError:
-            await self.app(scope, receive, send)
-            return
-        try:
-            response = await self._serve(scope, receive, op, conversation_id or "")
-        except SessionMemError as exc:
-            response = Response(content=exc.body(), status_code=exc.status, media_type=JSON)
-        await response(scope, receive, send)
+        op, conversation_id = route
+        body = await _read_body(receive) if op == "append" else b""
+        reply = await serve_entries(self.ctx, op, conversation_id, scope["query_string"], scope["headers"], body)
+        await as_response(reply)(scope, receive, send)
 
-    async def _serve(self, scope: Scope, receive: Receive, op: str, conversation_id: str) -> Response:
-        headers: dict[bytes, bytes] = dict(scope["headers"])
-        authorization = _header(headers, b"authorization")
-        capability = _header(headers, api.USER_CAPABILITY_HEADER.encode())
-        traceparent = _header(headers, b"traceparent")
-        params = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
-        validate_conversation_id(conversation_id)
-        if op == "get":
-            limit = _int_param(params, api.LIMIT_PARAM, env.DEFAULT_REPLAY_MESSAGES, 0, env.MAX_READ_LIMIT)
-            return await read_conversation(
-                self.ctx,
-                conversation_id,
-                limit,
-                _bool_param(params, "summary"),
-                _scope_param(params),
-                authorization,
-                capability,
-                traceparent,
-            )
-        cap = _int_param(params, api.CAP_PARAM, env.DEFAULT_CAP, 1, env.MAX_CAP)
-        ttl = _int_param(params, api.TTL_PARAM, env.DEFAULT_TTL_SECONDS, 1, env.MAX_TTL_SECONDS)
-        body = await _read_body(receive)
-        try:
-            request = wire.AppendRequest.model_validate_json(body)
-        except ValidationError as exc:
-            raise InvalidRequest(_problems(exc.errors())) from exc
-        return await append_conversation(
-            self.ctx,
-            conversation_id,
-            request.entries,
-            _scope_param(params),
-            cap,
-            ttl,
-            params.get(api.REDACT_PARAM, ""),
-            authorization,
-            capability,
-            traceparent,
-        )
+
+_CAPABILITY_HEADER = api.USER_CAPABILITY_HEADER.lower().encode()
 
 
 def _header(headers: dict[bytes, bytes], name: bytes) -> str | None:

@@ -1,17 +1,20 @@
-"""A small HTTP/1.1 server for the launcher's two ASGI apps.
+"""A small HTTP/1.1 server: the launcher's two apps and the proxy run on it.
 
-A general ASGI server is about 7 MB of a launcher's resident memory and a measurable share of each hop;
-the launcher needs only this: keep-alive, bodies up to a fixed limit (Content-Length or chunked),
-``Expect: 100-continue``, one request at a time per connection, and a graceful stop.
+A general ASGI server is about 7 MB of a launcher's resident memory and, per request, costs more than the
+proxy's whole operation; what both need is only this: keep-alive, bodies up to a fixed limit
+(Content-Length or chunked), ``Expect: 100-continue``, one request at a time per connection, and a
+graceful stop. An ASGI app serves every request, except those a ``Router`` claims: those go straight to
+a handler that takes the parsed request and returns the whole answer, with no ASGI scope, no
+``receive``/``send`` and no middleware in between (the proxy's two per-turn operations).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 from urllib.parse import unquote
 
 import httptools
@@ -21,6 +24,35 @@ from sessionmem_core.errors import PayloadTooLarge
 AsgiApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Any]
 
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
+_JSON_HEADERS = ((b"content-type", b"application/json"),)
+_INTERNAL_ERROR = b'{"error":{"type":"internal","message":"internal error"}}'
+
+
+class Reply(NamedTuple):
+    """A whole answer: status, headers (content-length and connection are the server's), body."""
+
+    status: int
+    headers: Sequence[tuple[bytes, bytes]]
+    body: bytes
+
+
+class HttpRequest:
+    """A parsed request as a direct handler gets it; header names are lower-case."""
+
+    __slots__ = ("body", "headers", "method", "path", "query")
+
+    def __init__(self, method: bytes, path: str, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes):
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+
+
+DirectHandler = Callable[[HttpRequest], Awaitable[Reply]]
+# (method, decoded path) -> the handler that serves it directly, or None to hand the request to the ASGI app.
+# Called for every request, so it must be cheap and must not raise.
+Router = Callable[[bytes, str], DirectHandler | None]
 
 
 class _Request:
@@ -108,27 +140,45 @@ class _Connection(asyncio.Protocol):
         self._request.complete = True
         assert self._transport is not None
         self._transport.pause_reading()  # one request at a time: the next is read after this answer
-        self._task = asyncio.get_running_loop().create_task(
-            self._handle(self._request, self._parser.should_keep_alive())
-        )
+        request = self._request
+        keep_alive = self._parser.should_keep_alive()
+        url = httptools.parse_url(request.url)
+        raw_path = url.path or b"/"
+        text_path = raw_path.decode("latin-1")
+        path = unquote(text_path) if "%" in text_path else text_path
+        router = self._server.router
+        handler = router(request.method, path) if router is not None else None
+        if handler is not None:
+            direct = HttpRequest(request.method, path, url.query or b"", request.headers, b"".join(request.body))
+            coroutine = self._handle_direct(handler, direct, keep_alive)
+        else:
+            coroutine = self._handle(request, keep_alive, raw_path, path, url.query or b"")
+        self._task = asyncio.get_running_loop().create_task(coroutine)
         self._server.tasks.add(self._task)
         self._task.add_done_callback(self._server.tasks.discard)
 
     # -- handling --
-    async def _handle(self, request: _Request, keep_alive: bool) -> None:
+    async def _handle_direct(self, handler: DirectHandler, request: HttpRequest, keep_alive: bool) -> None:
+        try:
+            reply = await handler(request)
+        except Exception:
+            # The handler owns its error answers; this is the last line, so the connection stays usable.
+            reply = Reply(500, _JSON_HEADERS, _INTERNAL_ERROR)
+        if not self._closed:
+            self._write(reply.status, reply.headers, reply.body, keep_alive, head_only=False)
+
+    async def _handle(self, request: _Request, keep_alive: bool, raw_path: bytes, path: str, query: bytes) -> None:
         transport = self._transport
         assert transport is not None
-        url = httptools.parse_url(request.url)
-        raw_path = url.path or b"/"
         scope: dict[str, Any] = {
             "type": "http",
             "asgi": {"version": "3.0"},
             "http_version": request.version,
             "method": request.method.decode("ascii"),
             "scheme": "http",
-            "path": unquote(raw_path.decode("latin-1")),
+            "path": path,
             "raw_path": raw_path,
-            "query_string": url.query or b"",
+            "query_string": query,
             "root_path": "",
             "headers": request.headers,
             "client": transport.get_extra_info("peername"),
@@ -159,18 +209,23 @@ class _Connection(asyncio.Protocol):
         try:
             await self._server.app(scope, receive, send)
         except Exception:
-            status, headers = 500, [(b"content-type", b"application/json")]
-            chunks = [b'{"error":{"type":"internal","message":"internal error"}}']
-        if self._closed:
-            return
-        payload = b"".join(chunks)
+            status, headers = 500, list(_JSON_HEADERS)
+            chunks = [_INTERNAL_ERROR]
+        if not self._closed:
+            self._write(status, headers, b"".join(chunks), keep_alive, head_only=request.method == b"HEAD")
+
+    def _write(
+        self, status: int, headers: Sequence[tuple[bytes, bytes]], payload: bytes, keep_alive: bool, head_only: bool
+    ) -> None:
+        transport = self._transport
+        assert transport is not None
         keep_alive = keep_alive and not self._server.stopping
         head = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"Unknown"))]
         head += [k + b": " + v for k, v in headers if k.lower() not in (b"content-length", b"connection")]
         head.append(b"content-length: %d" % len(payload))
         if not keep_alive:
             head.append(b"connection: close")
-        transport.write(b"\r\n".join(head) + b"\r\n\r\n" + (b"" if request.method == b"HEAD" else payload))
+        transport.write(b"\r\n".join(head) + b"\r\n\r\n" + (b"" if head_only else payload))
         if keep_alive:
             transport.resume_reading()
         else:
@@ -192,17 +247,23 @@ class _Connection(asyncio.Protocol):
 
 
 class HttpServer:
-    def __init__(self, app: AsgiApp, max_body: int) -> None:
+    def __init__(self, app: AsgiApp, max_body: int, router: Router | None = None) -> None:
         self.app = app
         self.max_body = max_body
+        self.router = router
         self.connections: set[_Connection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> None:
+        """``reuse_port``: several processes listen on the same port, each with its own socket and accept
+        queue, and the kernel spreads new connections over them (a shared socket instead lets whichever
+        process wakes first take a whole burst of connections)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True)
+        self._server = await loop.create_server(
+            lambda: _Connection(self), host, port, reuse_address=True, reuse_port=reuse_port or None, backlog=2048
+        )
 
     @property
     def port(self) -> int:
