@@ -318,7 +318,8 @@ def proxy(valkey_url: str, workers: int) -> HttpService:
 
 
 def hello(workers: int, app: str = "bench.hello:create_app", env: Mapping[str, str] | None = None) -> HttpService:
-    """The framework ceiling: the same server stack and settings as ``python -m sessionmem_proxy``."""
+    """The framework ceiling: a FastAPI hello world on uvicorn with uvloop and httptools, the stack an
+    ordinary FastAPI service runs on (and the proxy did, before it had its own server)."""
     port = free_port()
     argv = [
         sys.executable, "-m", "uvicorn", app, "--factory",
@@ -326,6 +327,13 @@ def hello(workers: int, app: str = "bench.hello:create_app", env: Mapping[str, s
         "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning",
     ]  # fmt: skip
     return HttpService(f"hello-w{workers}", argv, env or {}, port, health="/healthz")
+
+
+def hello_direct() -> HttpService:
+    """Context for the ceiling: a hello world on the proxy's own server (``bench.hello_direct``)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.hello_direct", "--port", str(port)]
+    return HttpService("hello-direct", argv, {}, port, health="/healthz")
 
 
 def launcher(proxy_port: int, token_file: Path) -> HttpService:

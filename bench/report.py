@@ -81,6 +81,7 @@ def derive(results: dict[str, Any]) -> dict[str, float | None]:
         "proxy_read_w2_vs_w1": _ratio(rps("proxy.w2.read.c64"), rps("proxy.w1.read.c64")),
         "proxy_append_w2_vs_w1": _ratio(rps("proxy.w2.append.c64"), rps("proxy.w1.append.c64")),
         "hello_w2_vs_w1": _ratio(rps("hello.w2.c64"), rps("hello.w1.c64")),
+        "proxy_read_vs_hello_direct_w1": _ratio(rps("proxy.w1.read.c64"), rps("hello_direct.w1.c64")),
         "full_read_vs_proxy_w2": _ratio(rps("full.read.c64"), rps("proxy.w2.read.c64")),
         "launcher_hop_read_p50_ms": _diff(p50("full.read.c1"), p50("proxy.w1.read.c1")),
         "launcher_hop_append_p50_ms": _diff(p50("full.append.c1"), p50("proxy.w1.append.c1")),
@@ -270,6 +271,10 @@ DERIVED_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "proxy_read_w2_vs_w1": ("proxy read, 2 workers / 1 worker", lambda v: f"{v:.2f}x"),
     "proxy_append_w2_vs_w1": ("proxy append, 2 workers / 1 worker", lambda v: f"{v:.2f}x"),
     "hello_w2_vs_w1": ("hello world, 2 workers / 1 worker", lambda v: f"{v:.2f}x"),
+    "proxy_read_vs_hello_direct_w1": (
+        "proxy read / hello world on the proxy's own server, 1 worker (context, not a target)",
+        lambda v: f"{v:.2f}x",
+    ),
     "full_read_vs_proxy_w2": ("full path read / proxy read (2 workers), 64 conns", lambda v: f"{v:.2f}x"),
     "launcher_hop_read_p50_ms": ("launcher hop, read p50 (full path - proxy alone)", lambda v: f"{v:.3f} ms"),
     "launcher_hop_append_p50_ms": ("launcher hop, append p50 (full path - proxy alone)", lambda v: f"{v:.3f} ms"),
