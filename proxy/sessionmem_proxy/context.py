@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -53,29 +53,56 @@ class Operation:
     scope: str
 
 
-@asynccontextmanager
-async def conversation_operation(
-    ctx: ProxyContext,
-    op: str,
-    conversation_id: str,
-    scope: Scope,
-    authorization: str | None,
-    capability: str | None,
-    traceparent: str | None,
-) -> AsyncIterator[Operation]:
+class conversation_operation:  # noqa: N801 - used like the function-style context manager it replaced
     """One operation on one conversation, the same way for every route: its ``memory.<op>`` span and
-    metrics, the id checked, the caller verified, and the key resolved from the verified identity."""
-    started = time.perf_counter()
-    outcome = "ok"
-    try:
-        with ctx.tracer.span(op, conversation_id, traceparent) as span:
+    metrics, the id checked, the caller verified, and the key resolved from the verified identity.
+
+    ``async with conversation_operation(...) as operation``. A class rather than a generator-based context
+    manager: it runs twice per agent turn, and the generator machinery cost more than the bookkeeping."""
+
+    __slots__ = ("_args", "_ctx", "_op", "_span_cm", "_started")
+
+    def __init__(
+        self,
+        ctx: ProxyContext,
+        op: str,
+        conversation_id: str,
+        scope: Scope,
+        authorization: str | None,
+        capability: str | None,
+        traceparent: str | None,
+    ) -> None:
+        self._ctx = ctx
+        self._op = op
+        self._args = (conversation_id, scope, authorization, capability, traceparent)
+        self._span_cm: AbstractContextManager[MemorySpan] | None = None
+        self._started = 0.0
+
+    async def __aenter__(self) -> Operation:
+        ctx = self._ctx
+        conversation_id, scope, authorization, capability, traceparent = self._args
+        self._started = time.perf_counter()
+        self._span_cm = ctx.tracer.span(self._op, conversation_id, traceparent)
+        span = self._span_cm.__enter__()
+        try:
             validate_conversation_id(conversation_id)
             identity = await identify(ctx, authorization)
             key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, capability)
-            span.scope = scope_used
-            yield Operation(span, identity, key, scope_used)
-    except SessionMemError as exc:
-        outcome = exc.error_type
-        raise
-    finally:
-        ctx.metrics.observe(op, outcome, (time.perf_counter() - started) * 1000.0)
+        except BaseException as exc:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        span.scope = scope_used
+        return Operation(span, identity, key, scope_used)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        outcome = "internal" if exc is not None else "ok"
+        if isinstance(exc, SessionMemError):
+            outcome = exc.error_type
+        try:
+            if self._span_cm is not None:
+                self._span_cm.__exit__(exc_type, exc, tb)
+        finally:
+            self._span_cm = None
+            self._ctx.metrics.observe(self._op, outcome, (time.perf_counter() - self._started) * 1000.0)

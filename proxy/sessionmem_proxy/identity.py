@@ -45,11 +45,30 @@ def dev_token(namespace: str, agent: str, registry: str | None = None) -> str:
 
 class DevAuthenticator:
     """Trusts ``dev:<namespace>/<agent>[@<registry>]`` tokens. For local stacks and tests without a
-    cluster; it is never the default and the chart never enables it."""
+    cluster; it is never the default and the chart never enables it.
+
+    Answers are remembered (a bounded number), as the TokenReview authenticator remembers its verified
+    identities, so the dev mode costs per request what production does and benchmarks in it stay fair."""
+
+    _REMEMBERED = 1024
+
+    def __init__(self) -> None:
+        self._known: dict[str, AgentIdentity] = {}
 
     async def authenticate(self, bearer_token: str | None) -> AgentIdentity:
         if bearer_token is None:
             raise Unauthenticated("missing bearer token")
+        known = self._known.get(bearer_token)
+        if known is not None:
+            return known
+        identity = self._parse(bearer_token)
+        if len(self._known) >= self._REMEMBERED:
+            self._known.clear()  # dev tokens are few; a flood of distinct ones just starts over
+        self._known[bearer_token] = identity
+        return identity
+
+    @staticmethod
+    def _parse(bearer_token: str) -> AgentIdentity:
         if not bearer_token.startswith(DEV_TOKEN_PREFIX):
             raise Unauthenticated("not a dev token")
         subject, _, registry = bearer_token[len(DEV_TOKEN_PREFIX) :].partition("@")
