@@ -136,6 +136,19 @@ async def append_conversation(
         )
 
 
+def _query_params(query: bytes) -> dict[str, str]:
+    text = query.decode("latin-1")
+    if "%" in text or "+" in text:
+        return dict(parse_qsl(text, keep_blank_values=True))
+    # Nothing escaped (what every client of ours sends): the same answer as parse_qsl, without its cost.
+    params: dict[str, str] = {}
+    for pair in text.split("&"):
+        if pair:
+            name, _, value = pair.partition("=")
+            params[name] = value
+    return params
+
+
 def _int_param(params: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:
     raw = params.get(name)
     if raw is None:
@@ -177,7 +190,7 @@ async def _serve(
     authorization = _header(headers, b"authorization")
     capability = _header(headers, _CAPABILITY_HEADER)
     traceparent = _header(headers, b"traceparent")
-    params = dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True)) if query else {}
+    params = _query_params(query)
     validate_conversation_id(conversation_id)
     if op == "get":
         limit = _int_param(params, api.LIMIT_PARAM, env.DEFAULT_REPLAY_MESSAGES, 0, env.MAX_READ_LIMIT)
