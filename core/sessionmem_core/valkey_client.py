@@ -3,7 +3,9 @@
 The URL picks the kind, nothing else changes (one key per conversation, so every store operation is a
 single-slot command or script):
 
-- ``valkey://host:port/0``, ``valkeys://...``, ``unix://...``: one server (or a replicated primary).
+- ``valkey://host:port/0``, ``redis://...``, ``valkeys://...``/``rediss://...`` (TLS), ``unix://...``: one
+  server (or a replicated primary), through :class:`~sessionmem_core.resp_client.RespClient`, a pipelined
+  client a fraction of valkey-py's CPU cost per command, with valkey-py's exceptions and reply shapes.
 - ``valkey+cluster://host:port[,host:port...]`` (``valkeys+cluster://`` for TLS): a Valkey Cluster; the
   listed nodes are only seeds, the client discovers the slot map and follows MOVED/ASK and failovers.
 
@@ -17,8 +19,9 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import valkey.asyncio as valkey_async
 from valkey.asyncio.cluster import ClusterNode, ValkeyCluster
+
+from sessionmem_core.resp_client import RespClient
 
 CLUSTER_SCHEMES = {"valkey+cluster": "valkey", "valkeys+cluster": "valkeys", "redis+cluster": "redis"}
 
@@ -32,22 +35,19 @@ def is_cluster_url(url: str) -> bool:
     return urlsplit(url).scheme.lower() in CLUSTER_SCHEMES
 
 
-def connect(url: str, timeout_seconds: float, max_connections: int = 256) -> valkey_async.Valkey | SessionmemCluster:
-    """A pooled client; bounded timeouts so an unreachable Valkey turns into a 503, never a hang.
+def connect(url: str, timeout_seconds: float, max_connections: int = 256) -> RespClient | SessionmemCluster:
+    """A client with bounded timeouts (connect and every command), so an unreachable Valkey turns into a 503,
+    never a hang.
 
-    For a ``valkey+cluster://`` URL this is a :class:`SessionmemCluster` (a ValkeyCluster); the store uses
-    only what both offer (``store.ValkeyLike``), and both close with ``aclose()``."""
+    For a ``valkey+cluster://`` URL this is a :class:`SessionmemCluster` (a ValkeyCluster, pooled up to
+    ``max_connections`` per node); otherwise a :class:`RespClient`, which multiplexes one connection and so
+    never needs more than ``max_connections`` allows. The store uses only what both offer
+    (``store.ValkeyLike``), and both close with ``aclose()``."""
     if is_cluster_url(url):
         return connect_cluster(url, timeout_seconds, max_connections)
-    client: valkey_async.Valkey = valkey_async.Valkey.from_url(
-        url,
-        socket_timeout=timeout_seconds,
-        socket_connect_timeout=timeout_seconds,
-        max_connections=max_connections,
-        health_check_interval=0,
-        decode_responses=False,
-    )
-    return client
+    if max_connections < 1:
+        raise ValueError("max_connections must be at least 1")
+    return RespClient.from_url(url, timeout_seconds)
 
 
 def cluster_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
