@@ -3,6 +3,7 @@ part of docs/benchmarks.md (between its BEGIN/END markers; the hand-written rest
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,6 +69,18 @@ def derive(results: dict[str, Any]) -> dict[str, float | None]:
         value = _get(http, key, "cpu_us_per_request", tree)
         return float(value) if value else None
 
+    def machine_bound_w2(key_w2: str, key_w1: str) -> float | None:
+        """The 2-worker / 1-worker ratio this machine could give at most: every core busy, at the CPU per
+        request that the 2-worker run measured for the proxy, Valkey and the load generator together."""
+        row, w1 = _get(http, key_w2), rps(key_w1)
+        if not isinstance(row, dict) or not w1 or not row.get("rps"):
+            return None
+        cores = sum(float(v) for k, v in row.get("cpu_cores", {}).items() if k != "machine" and k != "other")
+        if cores <= 0:
+            return None
+        cpu_seconds_per_request = cores / float(row["rps"])
+        return (os.cpu_count() or 1) / cpu_seconds_per_request / w1
+
     session = turn("sessionmem.agents_session")
     return {
         # Throughput ratios estimated from CPU per request (hello CPU / proxy CPU): the same question as
@@ -80,6 +93,8 @@ def derive(results: dict[str, Any]) -> dict[str, float | None]:
         "proxy_append_vs_hello_w2": _ratio(rps("proxy.w2.append.c64"), rps("hello.w2.c64")),
         "proxy_read_w2_vs_w1": _ratio(rps("proxy.w2.read.c64"), rps("proxy.w1.read.c64")),
         "proxy_append_w2_vs_w1": _ratio(rps("proxy.w2.append.c64"), rps("proxy.w1.append.c64")),
+        "proxy_read_w2_vs_w1_machine_bound": machine_bound_w2("proxy.w2.read.c64", "proxy.w1.read.c64"),
+        "proxy_read_w2_vs_w1_cpu": _ratio(cpu("proxy.w1.read.c64", "proxy-w1"), cpu("proxy.w2.read.c64", "proxy-w2")),
         "hello_w2_vs_w1": _ratio(rps("hello.w2.c64"), rps("hello.w1.c64")),
         "proxy_read_vs_hello_direct_w1": _ratio(rps("proxy.w1.read.c64"), rps("hello_direct.w1.c64")),
         "full_read_vs_proxy_w2": _ratio(rps("full.read.c64"), rps("proxy.w2.read.c64")),
@@ -271,6 +286,15 @@ DERIVED_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "proxy_read_w2_vs_w1": ("proxy read, 2 workers / 1 worker", lambda v: f"{v:.2f}x"),
     "proxy_append_w2_vs_w1": ("proxy append, 2 workers / 1 worker", lambda v: f"{v:.2f}x"),
     "hello_w2_vs_w1": ("hello world, 2 workers / 1 worker", lambda v: f"{v:.2f}x"),
+    "proxy_read_w2_vs_w1_machine_bound": (
+        "proxy read, 2 workers / 1 worker: the most these cores allow (all busy, at the 2-worker run's CPU per "
+        "request of proxy + Valkey + load generator)",
+        lambda v: f"{v:.2f}x",
+    ),
+    "proxy_read_w2_vs_w1_cpu": (
+        "proxy read, CPU per request, 1 worker / 2 workers (1.0 = a second worker costs nothing extra)",
+        lambda v: f"{v:.2f}x",
+    ),
     "proxy_read_vs_hello_direct_w1": (
         "proxy read / hello world on the proxy's own server, 1 worker (context, not a target)",
         lambda v: f"{v:.2f}x",
