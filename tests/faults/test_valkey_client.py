@@ -1,19 +1,48 @@
-"""``connect()``: the URL picks standalone or cluster; the standalone path is unchanged."""
+"""``connect()``: the URL picks standalone (RespClient) or cluster (valkey-py's cluster client)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from typing import Any
+
 import pytest
-import valkey.asyncio as valkey_async
+import valkey
+from valkey.exceptions import ConnectionError as ValkeyConnectionError
+from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 from sessionmem_core.valkey_client import SessionmemCluster, cluster_seeds, connect, is_cluster_url
+from tests.support.valkey import ValkeyProcess, free_port
 
 
-def test_standalone_urls_make_the_standalone_client() -> None:
-    client = connect("valkey://127.0.0.1:6379/0", 1.0)
-    assert type(client) is valkey_async.Valkey
-    kwargs = client.connection_pool.connection_kwargs
-    assert kwargs["socket_timeout"] == 1.0 and kwargs["socket_connect_timeout"] == 1.0
+async def test_standalone_urls_make_a_client_with_bounded_timeouts(valkey_server: ValkeyProcess) -> None:
+    for scheme in ("valkey", "redis"):
+        client = connect(f"{scheme}://127.0.0.1:{valkey_server.port}/0", 0.3)
+        try:
+            assert await client.ping() is True
+            # The per-command timeout is the one given: a paused server is a TimeoutError within it, and the
+            # client answers again once the server does.
+            admin: Any = valkey.Valkey(host="127.0.0.1", port=valkey_server.port)  # its execute_command is untyped
+            admin.execute_command("CLIENT", "PAUSE", 800, "ALL")
+            started = time.monotonic()
+            with pytest.raises(ValkeyTimeoutError):
+                await client.ping()
+            assert time.monotonic() - started < 0.8
+            await asyncio.sleep(0.9)
+            assert await client.ping() is True
+        finally:
+            await client.aclose()
     assert not is_cluster_url("valkey://h:1/0") and not is_cluster_url("unix:///tmp/v.sock")
+
+
+async def test_an_unreachable_standalone_server_is_a_connection_error_at_once() -> None:
+    for url in (f"valkey://127.0.0.1:{free_port()}/0", "unix:///nonexistent/valkey.sock"):
+        client = connect(url, 1.0)
+        started = time.monotonic()
+        with pytest.raises(ValkeyConnectionError):
+            await client.ping()
+        assert time.monotonic() - started < 1.0
+        await client.aclose()
 
 
 @pytest.mark.parametrize(
