@@ -4,7 +4,9 @@
 
 The workload is the proxy's, through ``ConversationStore`` on each client: ``read`` (LRANGE key -40 -1 on a
 500-entry list of ~270-byte entries) and ``append`` (the append script, one {user, assistant} exchange), with
-1 and 64 concurrent tasks. Figures are this process's CPU time (``time.process_time``) per command and
+1 and 64 concurrent tasks. A "bare floor" row (a FIFO of futures on one connection, nothing else) shows what
+the event loop, the syscalls and the store cost with next to no client: what is left above it is the client's.
+Figures are this process's CPU time (``time.process_time``) per command and
 commands per second of wall time. The rounds interleave the clients, and the median of the rounds is printed,
 so a neighbour's load on a shared machine weighs on both sides alike.
 """
@@ -13,12 +15,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import statistics
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, cast
 
+import libvalkey
 import valkey.asyncio as valkey_async
 
 from bench.data import ASSISTANT_TEXT, CAP, READ_LIMIT, TTL_SECONDS, USER_TEXT
@@ -28,6 +33,7 @@ from sessionmem_core.valkey_client import connect
 
 READ_KEY = "mem:bench/client:read"
 ENTRIES = CAP  # 500
+_MORE: Final = object()
 EXCHANGE = [NewEntry(role="user", content=USER_TEXT), NewEntry(role="assistant", content=ASSISTANT_TEXT)]
 
 
@@ -43,7 +49,69 @@ def valkey_py(url: str) -> Any:
     )
 
 
-CLIENTS: dict[str, Callable[[str], Any]] = {"valkey-py": valkey_py, "RespClient": lambda url: connect(url, 2.0)}
+class _BareProtocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.reader = libvalkey.Reader(notEnoughData=_MORE)
+        self.pending: deque[asyncio.Future[Any]] = deque()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        while (reply := self.reader.gets()) is not _MORE:
+            self.pending.popleft().set_result(reply)
+
+
+class Bare:
+    """The floor, not a client: one connection, a write per command and a FIFO of futures, no timeouts,
+    errors or reconnects. What the loop, the syscalls and the store cost with next to no client at all."""
+
+    def __init__(self, url: str) -> None:
+        self.port = int(url.rsplit(":", 1)[1].split("/")[0])
+        self.protocol: _BareProtocol | None = None
+
+    async def _send(self, *args: Any) -> Any:
+        if self.protocol is None:
+            _, self.protocol = await asyncio.get_running_loop().create_connection(_BareProtocol, port=self.port)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.protocol.pending.append(fut)
+        assert self.protocol.transport is not None
+        self.protocol.transport.write(libvalkey.pack_command(args))
+        return await fut
+
+    def register_script(self, script: str) -> Callable[..., Awaitable[Any]]:
+        sha = hashlib.sha1(script.encode(), usedforsecurity=False).hexdigest()
+        loaded: list[bool] = []
+
+        async def call(keys: list[Any], args: list[Any]) -> Any:
+            if not loaded:
+                await self._send("SCRIPT", "LOAD", script)
+                loaded.append(True)
+            return await self._send("EVALSHA", sha, len(keys), *keys, *args)
+
+        return call
+
+    def lrange(self, name: str, start: int, end: int) -> Awaitable[list[bytes]]:
+        return self._send("LRANGE", name, start, end)
+
+    def ping(self) -> Awaitable[Any]:
+        return self._send("PING")
+
+    def scan(self, cursor: int = 0, match: str | None = None, count: int | None = None) -> Awaitable[Any]:
+        return self._send("SCAN", cursor)
+
+    async def aclose(self) -> None:
+        if self.protocol is not None and self.protocol.transport is not None:
+            self.protocol.transport.close()
+
+
+CLIENTS: dict[str, Callable[[str], Any]] = {
+    "valkey-py": valkey_py,
+    "RespClient": lambda url: connect(url, 2.0),
+    "bare floor": Bare,
+}
 
 
 @dataclass

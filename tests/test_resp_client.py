@@ -358,6 +358,25 @@ async def test_connection_refused_is_a_connection_error() -> None:
     await client.aclose()
 
 
+async def test_aclose_fails_what_is_pending_and_a_later_command_reconnects(valkey_server: ValkeyProcess) -> None:
+    client = RespClient.from_url(valkey_server.url, 2.0)
+    connecting = [asyncio.ensure_future(client.ping()) for _ in range(5)]
+    await asyncio.sleep(0)
+    assert client._connecting is not None
+    await client.aclose()
+    # Closed while connecting: the waiters see the close as a ConnectionError, never a CancelledError.
+    outcomes = await asyncio.gather(*connecting, return_exceptions=True)
+    assert all(o is True or isinstance(o, ValkeyConnectionError) for o in outcomes), outcomes
+    _pause(valkey_server, 300)
+    pending = asyncio.ensure_future(client.ping())
+    await asyncio.sleep(0.05)
+    await client.aclose()
+    with pytest.raises(ValkeyConnectionError):
+        await pending
+    assert await client.execute_command("ECHO", "again") == b"again"
+    await client.aclose()
+
+
 # ---- many in flight ----
 
 

@@ -26,6 +26,7 @@ command (as valkey-py's connections do).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -319,12 +320,15 @@ class RespClient:
         """Close the connection; commands still pending fail with ConnectionError. A later command opens a
         new connection, as with valkey-py."""
         if self._connecting is not None:
-            self._connecting.cancel()
-            self._connecting = None
+            # Not cancelled: the commands waiting on it would see a CancelledError they did not ask for. It is
+            # bounded by the connect timeout; its failure is theirs to see, not aclose's.
+            with contextlib.suppress(ValkeyError):
+                await asyncio.shield(self._connecting)
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.drop(f"Connection to {self.address} closed by the client")
-            await asyncio.wait_for(asyncio.shield(conn.closed), self._timeout)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(conn.closed), self._timeout)
 
     # ---- connecting ----
 
