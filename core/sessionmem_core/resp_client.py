@@ -2,8 +2,8 @@
 
 Why not valkey-py's asyncio client on the hot path: per command it checks a connection out of its pool, packs
 the command in Python and reads the reply through asyncio streams, tens of CPU µs for a command the server
-answers in a few. Here a command is packed in C (``libvalkey.pack_command``), queued for one write together
-with the other commands issued in the same loop iteration, and sent on one multiplexed connection; its reply,
+answers in a few. Here a command is packed in C (``libvalkey.pack_command``), written together with the other
+commands issued in the same loop iteration (a few writes, not one each), on one multiplexed connection; its reply,
 parsed in C by ``libvalkey.Reader``, resolves the oldest pending future, because RESP answers the commands of
 one connection in order.
 
@@ -40,6 +40,11 @@ from valkey.exceptions import DataError, InvalidResponse, NoScriptError, ValkeyE
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 Arg = str | bytes | int | float
+
+# A batch being coalesced is written once it holds this many commands, without waiting for the loop iteration
+# to end: the server starts on the first ones while the loop still makes the rest, instead of the two taking
+# turns (measured with 64 appends in flight: 48k -> 75k/s at the same CPU per command; 4 or fewer costs CPU).
+_FLUSH_EVERY: Final = 16
 
 # Whatever gets() returns when the buffer holds no complete reply; never a reply itself.
 _MORE: Final = object()
@@ -85,6 +90,7 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._pending: deque[tuple[asyncio.Future[Any], float]] = deque()
         self._out: list[bytes] = []
+        self._flush_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._reader = libvalkey.Reader(protocolError=InvalidResponse, replyError=_parse_error, notEnoughData=_MORE)
 
@@ -96,18 +102,20 @@ class _Connection(asyncio.Protocol):
             return fut
         deadline = loop.time() + self.timeout
         pending = self._pending
-        out = self._out
         if not pending and self._transport is not None:
             # Nothing in flight, so likely nothing else to send this iteration: write now rather than spend a
             # loop iteration (and its epoll) on the flush.
             self._transport.write(packed)
-        elif not out:
-            # Commands in flight: the ones issued in this loop iteration (concurrent requests woken by the same
-            # read) leave together in one write, one syscall.
-            loop.call_soon(self._flush)
-            out.append(packed)
         else:
+            # Commands in flight: the ones issued in this loop iteration (concurrent requests woken by the same
+            # read) leave together, a few writes instead of one syscall each.
+            out = self._out
             out.append(packed)
+            if len(out) >= _FLUSH_EVERY:
+                self._write_out()
+            elif not self._flush_scheduled:
+                self._flush_scheduled = True
+                loop.call_soon(self._flush)
         pending.append((fut, deadline))
         if self._timer is None:
             # One timer per connection, not per command: the oldest pending command has the nearest deadline.
@@ -115,6 +123,10 @@ class _Connection(asyncio.Protocol):
         return fut
 
     def _flush(self) -> None:
+        self._flush_scheduled = False
+        self._write_out()
+
+    def _write_out(self) -> None:
         out = self._out
         if not out:
             return
