@@ -5,6 +5,7 @@ the two modes cannot drift apart)."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,35 @@ class Transport(Protocol):
     async def aclose(self) -> None: ...
 
 
+class _TokenFile:
+    """The pod's projected token as an ``Authorization`` value, read again only when ``stat`` of the path
+    tells it changed: reading the file on every call cost more CPU than the rest of the header building.
+
+    The kubelet rotates a projected token by pointing a symlink at a new directory, which ``os.stat``
+    (following links) sees as another inode; an in-place rewrite changes mtime, ctime or size. The path is
+    stat'ed before it is read, so a change landing between the two is seen again on the next call."""
+
+    __slots__ = ("_path", "_seen", "_value")
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._seen: tuple[int, int, int, int, int] | None = None
+        self._value = b""
+
+    def authorization(self) -> bytes:
+        try:
+            st = os.stat(self._path)
+            seen = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if seen != self._seen:
+                self._value = b"Bearer " + self._path.read_text().strip().encode()
+                self._seen = seen
+        except (OSError, UnicodeError) as exc:
+            # Checked on every call: a token gone or unreadable is never masked by the cached copy.
+            self._seen = None
+            raise BackendUnavailable(f"pod token {self._path} is not readable") from exc
+        return self._value
+
+
 class MemoryClient:
     def __init__(
         self,
@@ -59,7 +89,7 @@ class MemoryClient:
         propagate_current_span: bool = True,
     ) -> None:
         self._settings = settings
-        self._token_path = Path(settings.token_path)
+        self._token = _TokenFile(Path(settings.token_path))
         self._send_token = send_token
         self._propagate_current_span = propagate_current_span
         self._timeout = settings.proxy_timeout_seconds
@@ -87,7 +117,7 @@ class MemoryClient:
         if_match: str | None = None,
     ) -> MemoryResponse:
         """Forward one memory operation. Scope, cap and TTL are the pod's configuration, whatever the
-        agent passed; the identity is the pod's token, re-read on every call (the kubelet rotates it)."""
+        agent passed; the identity is the pod's token, re-read whenever the file changed (the kubelet rotates it)."""
         if self._settings.per_user and capability is None:
             # Without the user's capability this agent's memory would mix users: refuse, never fall back.
             raise UserCapabilityRequired(
@@ -102,7 +132,7 @@ class MemoryClient:
             trace["traceparent"] = traceparent
         headers = [(b"content-type", b"application/json"), *((k.encode(), v.encode()) for k, v in trace.items())]
         if self._send_token:
-            headers.append((b"authorization", b"Bearer " + self._read_token().encode()))
+            headers.append((b"authorization", self._token.authorization()))
         if capability is not None:
             headers.append((_CAPABILITY, capability.encode("latin-1")))
         if if_match is not None:
@@ -119,12 +149,6 @@ class MemoryClient:
             entries=_int_header(response, api.ENTRIES_HEADER),
             version=_int_header(response, api.VERSION_HEADER),
         )
-
-    def _read_token(self) -> str:
-        try:
-            return self._token_path.read_text().strip()
-        except OSError as exc:
-            raise BackendUnavailable(f"pod token {self._token_path} is not readable") from exc
 
     async def aclose(self) -> None:
         await self._http.aclose()
