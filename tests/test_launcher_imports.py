@@ -1,0 +1,67 @@
+"""The launcher runs in every agent pod and starts on every cold start: behind the proxy it must not load
+the proxy's web stack or a general HTTP client (each is megabytes of resident memory and milliseconds of
+start-up). Checked in a fresh interpreter, where nothing else has imported them first."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+HEAVY = ("httpx", "pydantic", "uvicorn", "fastapi", "starlette", "valkey")
+
+_LOADED = f"loaded = sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))\n"
+
+
+def run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_importing_the_launcher_entry_point_loads_no_heavy_dependency() -> None:
+    result = run("import sys\nimport sessionmem_launcher.__main__\n" + _LOADED + "print(loaded)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_a_launcher_that_started_and_forwarded_a_call_loaded_none_either() -> None:
+    # Past the imports too: start both listeners, forward one call (to a proxy that is not there, which
+    # takes the error path as well), stop.
+    code = textwrap.dedent(
+        """
+        import asyncio, socket, sys
+        import sessionmem_launcher.__main__
+        from sessionmem_core.env import LauncherSettings
+        from sessionmem_launcher.server import Launcher
+
+        def unused_port():
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                return s.getsockname()[1]
+
+        async def main():
+            settings = LauncherSettings.from_env({
+                "SESSIONMEM_PROXY_URL": f"http://127.0.0.1:{unused_port()}",
+                "SESSIONMEM_TOKEN_PATH": "/nonexistent/token",
+                "SESSIONMEM_NAMESPACE": "team-a",
+                "SESSIONMEM_AGENT": "support-agent",
+                "SESSIONMEM_LAUNCHER_PORT": "0",
+                "SESSIONMEM_SERVE_PORT": "0",
+            })
+            launcher = Launcher(settings, serve_host="127.0.0.1")
+            await launcher.start()
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", launcher.memory_port)
+                request = b"GET /v1/conversations/c1/entries HTTP/1.1\\r\\nhost: x\\r\\nconnection: close\\r\\n\\r\\n"
+                writer.write(request)
+                answer = await reader.read()
+                writer.close()
+            finally:
+                await launcher.stop()
+            return answer.split(b"\\r\\n", 1)[0].decode()
+
+        status = asyncio.run(main())
+        """
+    )
+    result = run(code + _LOADED + "print(status, loaded)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "HTTP/1.1 503 Service Unavailable []"
