@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from opentelemetry.trace import TracerProvider
@@ -50,8 +51,11 @@ class Launcher:
         if self.memory_client is not None:
             await self.memory_client.aclose()
 
-    async def run_until_signalled(self) -> None:
+    async def run_until_signalled(self, started: Callable[[], None] | None = None) -> None:
+        """Serve until SIGTERM or SIGINT; ``started`` runs once both listeners are up."""
         await self.start()
+        if started is not None:
+            started()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
