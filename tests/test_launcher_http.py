@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from sessionmem_launcher.http_client import HttpClient, HttpError
+from sessionmem_core.http_client import HttpClient, HttpError
 from sessionmem_launcher.server import serve_in_background
 from tests.support.valkey import free_port
 

@@ -20,10 +20,10 @@ import orjson
 from sessionmem_core import api, env
 from sessionmem_core.env import LauncherSettings
 from sessionmem_core.errors import InvalidRequest, SessionMemError
+from sessionmem_core.http_client import HttpClient
 from sessionmem_core.ids import new_message_id, validate_conversation_id
 from sessionmem_core.telemetry import MemoryTracer
 from sessionmem_launcher.asgi import header, read_body, respond, respond_error
-from sessionmem_launcher.http_client import HttpClient
 from sessionmem_launcher.memory_client import MemoryClient
 from sessionmem_launcher.replay import history_from, load_counter, within_budget
 from sessionmem_launcher.summary import Compactor, summarizer_from_settings

@@ -15,8 +15,8 @@ from urllib.parse import urlencode
 from sessionmem_core import api
 from sessionmem_core.env import VALKEY_URL, LauncherSettings
 from sessionmem_core.errors import BackendUnavailable, Unauthenticated
+from sessionmem_core.http_client import AsgiClient, HttpClient, HttpResponse
 from sessionmem_core.telemetry import inject_traceparent
-from sessionmem_launcher.http_client import AsgiClient, HttpClient, HttpResponse
 
 _CAPABILITY = api.USER_CAPABILITY_HEADER.encode()
 _SCOPE = api.SCOPE_HEADER.encode()

@@ -23,8 +23,8 @@ import orjson
 from sessionmem_core import api
 from sessionmem_core.env import LauncherSettings
 from sessionmem_core.errors import SessionMemError
+from sessionmem_core.http_client import HttpClient
 from sessionmem_core.telemetry import MemoryTracer
-from sessionmem_launcher.http_client import HttpClient
 from sessionmem_launcher.memory_client import MemoryClient
 
 _LOG = logging.getLogger("sessionmem.launcher.summary")

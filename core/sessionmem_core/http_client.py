@@ -1,0 +1,402 @@
+"""A small HTTP/1.1 keep-alive client, asyncio and blocking, for the few peers sessionmem talks to over
+HTTP (the launcher's proxy, agent and summariser; the memory client's launcher), and an in-process
+transport for the proxy's own app in the launcher's direct mode.
+
+Both ends of every agent turn's memory path run through here: a general client library costs
+hundreds of microseconds per call and megabytes per process. This one does only what those peers need:
+Content-Length bodies (chunked answers are read too), pooled connections, and one retry on a pooled
+connection the server had already closed (nothing was received, so nothing was processed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import httptools
+
+Headers = list[tuple[bytes, bytes]]
+_READ_SIZE = 65536
+
+
+class HttpError(OSError):
+    """The peer could not be reached, or broke the exchange."""
+
+
+@dataclass(slots=True)
+class HttpResponse:
+    status: int
+    headers: Headers
+    body: bytes
+
+    def header(self, name: bytes) -> str | None:
+        for key, value in self.headers:
+            if key == name:
+                return value.decode("latin-1")
+        return None
+
+
+@dataclass(slots=True)
+class _ResponseReader:
+    status: int = 0
+    headers: Headers = field(default_factory=list)
+    chunks: list[bytes] = field(default_factory=list)
+    complete: bool = False
+    keep_alive: bool = False
+    received: bool = False
+    parser: Any = None
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        # Asked here: once feed_data returns, httptools has reset and always answers False.
+        self.keep_alive = bool(self.parser.should_keep_alive())
+
+    def feed(self, data: bytes) -> None:
+        """Feed what the socket returned; ``b""`` is the peer closing."""
+        if not data:
+            if not self.received:
+                raise _NothingReceived
+            self.parser.feed_data(b"")  # lets a close-delimited body complete, or raises
+            if not self.complete:
+                raise asyncio.IncompleteReadError(b"", None)
+            return
+        self.received = True
+        self.parser.feed_data(data)
+
+    def response(self) -> tuple[HttpResponse, bool]:
+        status = self.parser.get_status_code()
+        # The parser holds this reader (its callbacks) and the reader the parser: break the cycle so
+        # both go with reference counting instead of waiting for a garbage collection.
+        self.parser = None
+        return HttpResponse(status, self.headers, b"".join(self.chunks)), self.keep_alive
+
+
+def _new_reader() -> _ResponseReader:
+    state = _ResponseReader()
+    state.parser = httptools.HttpResponseParser(state)
+    return state
+
+
+_PEER_ERRORS = (OSError, asyncio.IncompleteReadError, httptools.HttpParserError)
+
+
+class _NothingReceived(Exception):
+    """The server closed the connection before answering (an idle keep-alive connection it dropped)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    """Where requests go, and how each request's head is written."""
+
+    host: str
+    port: int
+    ssl: ssl.SSLContext | None
+    prefix: str
+    host_header: bytes
+
+    @classmethod
+    def parse(cls, base_url: str) -> _Origin:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"unsupported URL {base_url!r}: http(s)://host[:port] expected")
+        secure = parts.scheme == "https"
+        port = parts.port or (443 if secure else 80)
+        default_port = port == (443 if secure else 80)
+        return cls(
+            host=parts.hostname,
+            port=port,
+            ssl=ssl.create_default_context() if secure else None,
+            prefix=parts.path.rstrip("/"),
+            host_header=(parts.hostname if default_port else f"{parts.hostname}:{port}").encode(),
+        )
+
+    def message(self, method: str, target: str, headers: Iterable[tuple[bytes, bytes]], body: bytes | None) -> bytes:
+        lines = [f"{method} {self.prefix}{target} HTTP/1.1".encode(), b"host: " + self.host_header]
+        for name, value in headers:
+            # Fail closed: a value carrying a line break would smuggle a header or a second request.
+            if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name or b":" in name:
+                raise ValueError(f"invalid HTTP header {name!r}")
+            lines.append(name + b": " + value)
+        lines.append(b"content-length: " + str(len(body) if body else 0).encode())
+        head = b"\r\n".join(lines) + b"\r\n\r\n"
+        return head + body if body else head
+
+
+class _Connection(asyncio.Protocol):
+    """One pooled connection. A protocol rather than asyncio streams: a stream read allocates a waiter
+    and copies into its buffer on every chunk, this sets one future per answer."""
+
+    __slots__ = ("_answered", "_reader", "closed", "transport")
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._reader: _ResponseReader | None = None
+        self._answered: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's are not asyncio.Transport subclasses, so no isinstance check).
+        self.transport = cast(asyncio.Transport, transport)
+
+    def exchange(self, message: bytes) -> tuple[_ResponseReader, asyncio.Future[None]]:
+        assert self.transport is not None
+        self._reader = reader = _new_reader()
+        self._answered = answered = asyncio.get_running_loop().create_future()
+        self.transport.write(message)
+        return reader, answered
+
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        if reader is None:  # bytes nobody asked for: the connection is out of step, never reuse it
+            self.close()
+            return
+        try:
+            reader.feed(data)
+        except Exception as exc:  # handed to the waiting request, which types it
+            self._settle(exc)
+            return
+        if reader.complete:
+            self._settle(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        reader = self._reader
+        if reader is None:
+            return
+        try:
+            reader.feed(b"")  # nothing received yet raises _NothingReceived: the request was not processed
+        except Exception as error:
+            self._settle(error)
+            return
+        self._settle(None)
+
+    def _settle(self, exc: BaseException | None) -> None:
+        answered, self._reader, self._answered = self._answered, None, None
+        if answered is not None and not answered.done():
+            if exc is None:
+                answered.set_result(None)
+            else:
+                answered.set_exception(exc)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class HttpClient:
+    """Requests to one origin (``http://host:port`` or ``https://...``) over pooled connections.
+
+    ``timeout``: seconds for a whole exchange (connect, send, answer); None leaves it to the caller."""
+
+    def __init__(self, base_url: str, max_idle: int = 64, timeout: float | None = None) -> None:
+        self._origin = _Origin.parse(base_url)
+        self._idle: deque[_Connection] = deque()
+        self._max_idle = max_idle
+        self._timeout = timeout
+
+    async def request(
+        self, method: str, target: str, headers: Iterable[tuple[bytes, bytes]] = (), body: bytes | None = None
+    ) -> HttpResponse:
+        message = self._origin.message(method, target, headers, body)
+        if self._timeout is None:
+            return await self._exchange(method, target, message)
+        async with asyncio.timeout(self._timeout):
+            return await self._exchange(method, target, message)
+
+    async def _exchange(self, method: str, target: str, message: bytes) -> HttpResponse:
+        for attempt in (0, 1):
+            connection = self._pooled()
+            reused = connection is not None
+            if connection is None:
+                connection = await self._connect()
+            try:
+                reader, answered = connection.exchange(message)
+                await answered
+                response, keep = reader.response()
+            except (*_PEER_ERRORS, _NothingReceived) as exc:
+                connection.close()
+                if reused and attempt == 0 and isinstance(exc, _NothingReceived):
+                    # The peer dropped idle connections (its keep-alive timeout): the others in the pool
+                    # are as old, so retry once on a fresh connection.
+                    self._drop_idle()
+                    continue
+                raise HttpError(f"{method} {target}: {type(exc).__name__}") from exc
+            except BaseException:
+                connection.close()  # cancelled (a timeout): the connection is mid-exchange, drop it
+                raise
+            if keep and not connection.closed and len(self._idle) < self._max_idle:
+                self._idle.append(connection)
+            else:
+                connection.close()
+            return response
+        raise HttpError(f"{method} {target}: connection closed")  # pragma: no cover - loop always returns
+
+    def _pooled(self) -> _Connection | None:
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.closed:  # the peer may have closed it while it sat idle
+                return connection
+        return None
+
+    async def _connect(self) -> _Connection:
+        origin = self._origin
+        loop = asyncio.get_running_loop()
+        try:
+            _, connection = await loop.create_connection(
+                _Connection,
+                origin.host,
+                origin.port,
+                ssl=origin.ssl,
+                server_hostname=origin.host if origin.ssl else None,
+            )
+        except OSError as exc:
+            raise HttpError(f"cannot connect to {origin.host}:{origin.port}: {exc.strerror or exc}") from exc
+        return connection
+
+    def _drop_idle(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
+    async def aclose(self) -> None:
+        self._drop_idle()
+
+
+class BlockingHttpClient:
+    """The same, for blocking callers, over plain sockets. Safe to share between threads: a connection is
+    taken out of the pool for the whole exchange.
+
+    ``timeout``: seconds for connecting and for each send or receive (a socket timeout)."""
+
+    def __init__(self, base_url: str, max_idle: int = 16, timeout: float | None = None) -> None:
+        self._origin = _Origin.parse(base_url)
+        self._idle: deque[socket.socket] = deque()
+        self._max_idle = max_idle
+        self._timeout = timeout
+
+    def request(
+        self, method: str, target: str, headers: Iterable[tuple[bytes, bytes]] = (), body: bytes | None = None
+    ) -> HttpResponse:
+        message = self._origin.message(method, target, headers, body)
+        for attempt in (0, 1):
+            try:
+                sock = self._idle.pop()
+                reused = True
+            except IndexError:
+                sock, reused = self._connect(), False
+            try:
+                sock.sendall(message)
+                response, keep = self._read(sock)
+            except (*_PEER_ERRORS, _NothingReceived) as exc:
+                sock.close()
+                if reused and attempt == 0 and isinstance(exc, _NothingReceived):
+                    self._drop_idle()  # as the asyncio client: the peer dropped its idle connections
+                    continue
+                raise HttpError(f"{method} {target}: {type(exc).__name__}") from exc
+            except BaseException:
+                sock.close()  # interrupted mid-exchange (KeyboardInterrupt): the connection is unusable
+                raise
+            if keep and len(self._idle) < self._max_idle:
+                self._idle.append(sock)
+            else:
+                sock.close()
+            return response
+        raise HttpError(f"{method} {target}: connection closed")  # pragma: no cover - loop always returns
+
+    def _connect(self) -> socket.socket:
+        origin = self._origin
+        try:
+            sock = socket.create_connection((origin.host, origin.port), timeout=self._timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if origin.ssl is not None:
+                sock = origin.ssl.wrap_socket(sock, server_hostname=origin.host)
+        except OSError as exc:
+            raise HttpError(f"cannot connect to {origin.host}:{origin.port}: {exc.strerror or exc}") from exc
+        return sock
+
+    @staticmethod
+    def _read(sock: socket.socket) -> tuple[HttpResponse, bool]:
+        state = _new_reader()
+        while not state.complete:
+            try:
+                data = sock.recv(_READ_SIZE)
+            except (ConnectionResetError, BrokenPipeError) as exc:
+                if not state.received:
+                    raise _NothingReceived from exc
+                raise
+            state.feed(data)
+        return state.response()
+
+    def _drop_idle(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
+    def close(self) -> None:
+        self._drop_idle()
+
+
+AsgiApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Any]
+
+
+class AsgiClient:
+    """The same interface, served by an ASGI app in this process (the launcher's direct mode)."""
+
+    def __init__(self, app: AsgiApp) -> None:
+        self._app = app
+
+    async def request(
+        self, method: str, target: str, headers: Iterable[tuple[bytes, bytes]] = (), body: bytes | None = None
+    ) -> HttpResponse:
+        from urllib.parse import unquote
+
+        path, _, query = target.partition("?")
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": unquote(path),
+            "raw_path": path.encode(),
+            "query_string": query.encode(),
+            "root_path": "",
+            "headers": [(k.lower(), v) for k, v in headers] + [(b"content-length", str(len(body or b"")).encode())],
+            "client": ("127.0.0.1", 0),
+            "server": ("127.0.0.1", 0),
+        }
+        sent = False
+        response = HttpResponse(500, [], b"")
+        chunks: list[bytes] = []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                await asyncio.Event().wait()  # nothing more: wait as a client that keeps the connection
+            sent = True
+            return {"type": "http.request", "body": body or b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                response.status = int(message["status"])
+                response.headers = [(bytes(k).lower(), bytes(v)) for k, v in message.get("headers", [])]
+            elif message["type"] == "http.response.body":
+                chunks.append(bytes(message.get("body", b"")))
+
+        await self._app(scope, receive, send)
+        response.body = b"".join(chunks)
+        return response
+
+    async def aclose(self) -> None:
+        return None

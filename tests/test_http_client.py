@@ -1,0 +1,123 @@
+"""sessionmem's own HTTP/1.1 clients (asyncio and blocking) against its own server, at the edges a general
+library would cover: keep-alive reuse, a pooled connection the server dropped, timeouts, refused
+connections, header injection, and uvloop (which the launcher and the proxy run on)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Coroutine, MutableMapping
+from typing import Any
+
+import orjson
+import pytest
+import uvloop
+
+from sessionmem_core.http_client import BlockingHttpClient, HttpClient, HttpError
+from sessionmem_core.http_server import HttpServer
+from tests.support.valkey import free_port
+
+
+async def _app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+    message = await receive()
+    if scope["path"] == "/hang":
+        await asyncio.sleep(30)
+    body = orjson.dumps({"path": scope["path"], "body": message["body"].decode()})
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[HttpServer]:
+    server = HttpServer(_app, 1024)
+    await server.start("127.0.0.1", 0)
+    yield server
+    await server.stop(grace_seconds=0.1)
+
+
+def _drop_idle_connections(server: HttpServer) -> None:
+    for connection in list(server.connections):
+        connection.close_if_idle()
+
+
+async def test_async_client_reuses_a_connection_and_survives_the_server_dropping_it(server: HttpServer) -> None:
+    client = HttpClient(f"http://127.0.0.1:{server.port}")
+    try:
+        first = await client.request("POST", "/a", [(b"content-type", b"text/plain")], b"hello")
+        second = await client.request("GET", "/b")
+        assert len(server.connections) == 1, "both requests went over one kept-alive connection"
+        _drop_idle_connections(server)
+        await asyncio.sleep(0.05)
+        third = await client.request("GET", "/c")
+    finally:
+        await client.aclose()
+    assert orjson.loads(first.body) == {"path": "/a", "body": "hello"}
+    assert first.header(b"content-type") == "application/json"
+    assert [orjson.loads(r.body)["path"] for r in (second, third)] == ["/b", "/c"]
+
+
+async def test_blocking_client_reuses_a_connection_and_survives_the_server_dropping_it(server: HttpServer) -> None:
+    client = BlockingHttpClient(f"http://127.0.0.1:{server.port}", timeout=5)
+    try:
+        first = await asyncio.to_thread(client.request, "POST", "/a", [], b"hello")
+        second = await asyncio.to_thread(client.request, "GET", "/b")
+        assert len(server.connections) == 1, "both requests went over one kept-alive connection"
+        _drop_idle_connections(server)
+        await asyncio.sleep(0.05)
+        third = await asyncio.to_thread(client.request, "GET", "/c")
+    finally:
+        client.close()
+    assert orjson.loads(first.body) == {"path": "/a", "body": "hello"}
+    assert [orjson.loads(r.body)["path"] for r in (second, third)] == ["/b", "/c"]
+
+
+async def test_a_timeout_drops_the_connection_and_the_next_request_works(server: HttpServer) -> None:
+    aclient = HttpClient(f"http://127.0.0.1:{server.port}", timeout=0.2)
+    bclient = BlockingHttpClient(f"http://127.0.0.1:{server.port}", timeout=0.2)
+    try:
+        with pytest.raises(TimeoutError):
+            await aclient.request("GET", "/hang")
+        with pytest.raises(HttpError):
+            await asyncio.to_thread(bclient.request, "GET", "/hang")
+        # A late answer to /hang must never be read as the answer to the next request.
+        assert orjson.loads((await aclient.request("GET", "/next")).body)["path"] == "/next"
+        assert orjson.loads((await asyncio.to_thread(bclient.request, "GET", "/next")).body)["path"] == "/next"
+    finally:
+        await aclient.aclose()
+        bclient.close()
+
+
+async def test_a_refused_connection_is_an_http_error() -> None:
+    port = free_port()
+    with pytest.raises(HttpError, match="cannot connect"):
+        await HttpClient(f"http://127.0.0.1:{port}").request("GET", "/")
+    with pytest.raises(HttpError, match="cannot connect"):
+        BlockingHttpClient(f"http://127.0.0.1:{port}", timeout=1).request("GET", "/")
+
+
+async def test_a_header_that_would_inject_a_line_is_refused_before_sending(server: HttpServer) -> None:
+    aclient = HttpClient(f"http://127.0.0.1:{server.port}")
+    bclient = BlockingHttpClient(f"http://127.0.0.1:{server.port}")
+    for bad in ([(b"x-a", b"v\r\nx-injected: 1")], [(b"x-a\r\nx-b", b"v")], [(b"x-a: b", b"v")]):
+        with pytest.raises(ValueError, match="invalid HTTP header"):
+            await aclient.request("GET", "/", bad)
+        with pytest.raises(ValueError, match="invalid HTTP header"):
+            bclient.request("GET", "/", bad)
+    assert not server.connections, "nothing was sent"
+
+
+def _on_uvloop(test: Callable[[int], Coroutine[Any, Any, None]], port: int) -> None:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(test(port))
+
+
+async def test_the_async_client_runs_on_uvloop(server: HttpServer) -> None:
+    # uvloop's transports are not asyncio.Transport subclasses: the client must not assume they are.
+    async def exchange(port: int) -> None:
+        client = HttpClient(f"http://127.0.0.1:{port}", timeout=5)
+        try:
+            for path in ("/one", "/two"):
+                assert orjson.loads((await client.request("GET", path)).body)["path"] == path
+        finally:
+            await client.aclose()
+
+    await asyncio.to_thread(_on_uvloop, exchange, server.port)
