@@ -185,7 +185,7 @@ def sessionmem_raw(port: int, warmup: float, seconds: float) -> AgentResult:
 
 def sessionmem_agents_session(port: int, warmup: float, seconds: float) -> AgentResult:
     name = "sessionmem, Agents SDK Session"
-    description = "full path; sessionmem_client.openai_agents.SessionmemSession (AsyncMemoryClient, httpx)"
+    description = "full path; sessionmem_client.openai_agents.SessionmemSession (AsyncMemoryClient)"
     try:
         client_mod: Any = importlib.import_module("sessionmem_client")
         session_mod: Any = importlib.import_module("sessionmem_client.openai_agents")
@@ -220,7 +220,7 @@ def sessionmem_agents_session(port: int, warmup: float, seconds: float) -> Agent
 
 def sessionmem_langchain(port: int, warmup: float, seconds: float) -> AgentResult:
     name = "sessionmem, LangChain history"
-    description = "full path; sessionmem_client.langchain.SessionmemChatMessageHistory (MemoryClient, httpx)"
+    description = "full path; sessionmem_client.langchain.SessionmemChatMessageHistory (MemoryClient)"
     try:
         client_mod: Any = importlib.import_module("sessionmem_client")
         history_mod: Any = importlib.import_module("sessionmem_client.langchain")

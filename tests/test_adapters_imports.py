@@ -44,3 +44,17 @@ def test_an_adapter_without_its_framework_says_what_to_install(module: str, hint
     block = "import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in FRAMEWORKS)
     result = run(block + f"import {module}")
     assert result.returncode != 0 and "ImportError" in result.stderr and hint in result.stderr, result.stderr
+
+
+def test_the_client_loads_httpx_only_for_a_caller_who_brings_httpx_pieces() -> None:
+    # httpx costs each call more CPU than the launcher and the proxy together: the default path skips it.
+    result = run(
+        "import sys\n"
+        "from sessionmem_client import AsyncMemoryClient, MemoryClient\n"
+        "MemoryClient('http://127.0.0.1:1'); AsyncMemoryClient('http://127.0.0.1:1')\n"
+        "before = 'httpx' in sys.modules\n"
+        "import httpx\n"
+        "MemoryClient('http://127.0.0.1:1', transport=httpx.MockTransport(lambda r: httpx.Response(200)))\n"
+        "print(before)"
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr

@@ -254,6 +254,30 @@ async def test_an_unreachable_endpoint_is_backend_unavailable() -> None:
             await amemory.append_exchange("fine", "u", "a")
 
 
+async def test_an_endpoint_that_does_not_answer_in_time_is_backend_unavailable() -> None:
+    async def accept_and_stay_silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        await asyncio.sleep(30)
+
+    silent = await asyncio.start_server(accept_and_stay_silent, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    try:
+        async with AsyncMemoryClient(url, timeout=0.2) as amemory:
+            with pytest.raises(BackendUnavailable, match="TimeoutError"):
+                await amemory.read("fine")
+        with MemoryClient(url, timeout=0.2) as memory, pytest.raises(BackendUnavailable):
+            await asyncio.to_thread(memory.read, "fine")
+    finally:
+        silent.close()
+
+
+@pytest.mark.parametrize("capability", ["smc1.a\r\nx-sessionmem-agent: other", "smc1.caf\u00e9"])
+def test_a_capability_that_is_not_a_plain_header_value_is_refused(capability: str) -> None:
+    # Refused before anything is sent: nothing listens on this port, a request would be BackendUnavailable.
+    with MemoryClient(closed_port_url(), user_capability=capability) as memory, pytest.raises(InvalidRequest):
+        memory.read("fine")
+
+
 # --- checked before the network ---
 
 

@@ -11,23 +11,26 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
-from typing import Self
-
-import httpx
+from typing import TYPE_CHECKING, Self
 
 from sessionmem_client._requests import (
     DEFAULT_TIMEOUT_SECONDS,
     CallOptions,
     EntryLike,
     M,
+    Message,
     Request,
     Requests,
     decode,
+    decode_messages,
     default_base_url,
     exchange_entries,
-    unreachable,
 )
+from sessionmem_client._transport import AsyncTransport, SyncTransport, async_transport, sync_transport
 from sessionmem_core import env, wire
+
+if TYPE_CHECKING:  # httpx is loaded only when the caller brings httpx pieces
+    import httpx
 
 __all__ = ["AsyncMemoryClient", "MemoryClient"]
 
@@ -44,13 +47,14 @@ def _options(
 
 
 class MemoryClient:
-    """Synchronous client (``httpx.Client``).
+    """Synchronous client, over pooled keep-alive connections; safe to share between threads.
 
     ``user_capability``: the signed run capability of the end user (agents with ``perUser: true``), sent
     as ``X-Sessionmem-User-Capability``. ``traceparent``: a W3C trace context sent with every call
     (a per-call ``traceparent=`` wins); without either, the active OpenTelemetry span is propagated when
-    ``propagate_trace_context`` is true. ``transport``/``http_client``: bring your own httpx pieces
-    (a client passed in is not closed by :meth:`close`).
+    ``propagate_trace_context`` is true. ``timeout``: seconds to connect and for each send or receive.
+    ``transport``/``http_client``: send through httpx instead, with your own transport or client (a
+    client passed in is not closed by :meth:`close`).
     """
 
     def __init__(
@@ -65,8 +69,8 @@ class MemoryClient:
         http_client: httpx.Client | None = None,
     ) -> None:
         self._options = _options(base_url, user_capability, traceparent, propagate_trace_context)
-        self._owns_http = http_client is None
-        self._http = http_client or httpx.Client(timeout=httpx.Timeout(timeout), transport=transport)
+        self._owns_http = True
+        self._http: SyncTransport = sync_transport(self._options.base_url, timeout, transport, http_client)
 
     @property
     def base_url(self) -> str:
@@ -90,17 +94,12 @@ class MemoryClient:
         return clone
 
     def _send(self, request: Request[M]) -> M:
-        try:
-            response = self._http.request(
-                request.method,
-                self._options.url(request),
-                params=request.params,
-                content=request.body,
-                headers=self._options.headers(request),
-            )
-        except (httpx.TransportError, OSError) as exc:
-            raise unreachable(self._options, request, exc) from exc
-        return decode(request, response)
+        return decode(request, self._http.send(self._options, request))
+
+    def _read_messages(self, conversation_id: str, limit: int, summary: bool) -> list[Message]:
+        """:meth:`read` for the framework adapters: the entries without the History model around them."""
+        request = Requests.read(conversation_id, limit, summary, None)
+        return decode_messages(request, self._http.send(self._options, request))
 
     # --- one conversation ---
 
@@ -208,7 +207,8 @@ class MemoryClient:
 
 
 class AsyncMemoryClient:
-    """Asynchronous client (``httpx.AsyncClient``); the same methods as :class:`MemoryClient`, awaited."""
+    """Asynchronous client; the same methods as :class:`MemoryClient`, awaited. ``timeout`` here bounds
+    each whole call (connect, send, answer). Connections belong to the event loop that opened them."""
 
     def __init__(
         self,
@@ -222,8 +222,8 @@ class AsyncMemoryClient:
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
         self._options = _options(base_url, user_capability, traceparent, propagate_trace_context)
-        self._owns_http = http_client is None
-        self._http = http_client or httpx.AsyncClient(timeout=httpx.Timeout(timeout), transport=transport)
+        self._owns_http = True
+        self._http: AsyncTransport = async_transport(self._options.base_url, timeout, transport, http_client)
 
     @property
     def base_url(self) -> str:
@@ -247,17 +247,11 @@ class AsyncMemoryClient:
         return clone
 
     async def _send(self, request: Request[M]) -> M:
-        try:
-            response = await self._http.request(
-                request.method,
-                self._options.url(request),
-                params=request.params,
-                content=request.body,
-                headers=self._options.headers(request),
-            )
-        except (httpx.TransportError, OSError) as exc:
-            raise unreachable(self._options, request, exc) from exc
-        return decode(request, response)
+        return decode(request, await self._http.send(self._options, request))
+
+    async def _read_messages(self, conversation_id: str, limit: int, summary: bool) -> list[Message]:
+        request = Requests.read(conversation_id, limit, summary, None)
+        return decode_messages(request, await self._http.send(self._options, request))
 
     async def read(
         self,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sessionmem_client._requests import Message
 from sessionmem_client.client import AsyncMemoryClient, MemoryClient
 from sessionmem_core import env, wire
 from sessionmem_core.ids import is_valid_id, validate_conversation_id
@@ -81,7 +82,7 @@ def message_to_entry(message: BaseMessage) -> wire.EntryIn | None:
     return wire.EntryIn(role=role, content=text, id=entry_id)
 
 
-def entry_to_message(entry: wire.Entry) -> BaseMessage:
+def entry_to_message(entry: wire.Entry | Message) -> BaseMessage:
     if entry.role is wire.Role.USER:
         return HumanMessage(content=entry.content, id=entry.id)
     if entry.role is wire.Role.ASSISTANT:
@@ -89,8 +90,7 @@ def entry_to_message(entry: wire.Entry) -> BaseMessage:
     return SystemMessage(content=entry.content, id=entry.id)
 
 
-def _messages(history: wire.History) -> list[BaseMessage]:
-    entries = ([history.summary] if history.summary is not None else []) + history.entries
+def _messages(entries: list[Message]) -> list[BaseMessage]:
     return [entry_to_message(e) for e in entries]
 
 
@@ -138,7 +138,7 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
     @property
     def messages(self) -> list[BaseMessage]:
         """The latest ``window`` messages, oldest first (one read)."""
-        return _messages(self._sync().read(self.conversation_id, self.window, self.include_summary))
+        return _messages(self._sync()._read_messages(self.conversation_id, self.window, self.include_summary))
 
     @messages.setter
     def messages(self, messages: Sequence[BaseMessage]) -> None:
@@ -159,8 +159,9 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
     async def aget_messages(self) -> list[BaseMessage]:
         if self._async_client is None:
             return await super().aget_messages()
-        history = await self._async_client.read(self.conversation_id, self.window, self.include_summary)
-        return _messages(history)
+        return _messages(
+            await self._async_client._read_messages(self.conversation_id, self.window, self.include_summary)
+        )
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
         if self._async_client is None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from sessionmem_client._requests import Message
 from sessionmem_client.client import AsyncMemoryClient
 from sessionmem_core import env, wire
 from sessionmem_core.errors import VersionConflict
@@ -100,7 +101,7 @@ def item_to_entry(item: TResponseInputItem | Mapping[str, Any]) -> wire.EntryIn 
     return wire.EntryIn(role=role, content=text)
 
 
-def entry_to_item(entry: wire.Entry) -> TResponseInputItem:
+def entry_to_item(entry: wire.Entry | Message) -> TResponseInputItem:
     item: EasyInputMessageParam = {"role": _ITEM_ROLES[entry.role], "content": entry.content}
     return item
 
@@ -137,12 +138,11 @@ class SessionmemSession:
         if limit is not None and limit <= 0:
             return []
         if limit is not None and limit <= env.MAX_READ_LIMIT:
-            history = await self.client.read(self.session_id, limit, self.include_summary)
-            entries = ([history.summary] if history.summary is not None else []) + history.entries
-        else:
-            entries = (await self.client.export(self.session_id)).entries
-            if limit is not None:
-                entries = entries[-limit:]
+            window = await self.client._read_messages(self.session_id, limit, self.include_summary)
+            return [entry_to_item(e) for e in window]
+        entries = (await self.client.export(self.session_id)).entries
+        if limit is not None:
+            entries = entries[-limit:]
         return [entry_to_item(e) for e in entries]
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:

@@ -1,0 +1,155 @@
+"""How the clients send a :class:`~sessionmem_client._requests.Request`: by default over sessionmem's own
+keep-alive HTTP/1.1 client (``sessionmem_core.http_client``), or over httpx pieces the caller brings.
+
+The default matters because every agent turn pays two memory calls: httpx costs about 0.4 ms of CPU per
+call to the launcher on this kind of machine, more than the launcher, the proxy and Valkey together.
+httpx stays for callers who need what it adds (their own transport, proxies, a mock in tests); it is
+imported only then.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import quote, urlencode
+
+from sessionmem_client._requests import CallOptions, Reply, Request, unreachable
+from sessionmem_core.errors import InvalidRequest
+from sessionmem_core.http_client import BlockingHttpClient, HttpClient
+
+if TYPE_CHECKING:
+    import httpx
+
+
+def _target(request: Request[Any]) -> str:
+    if not request.params:
+        return request.path
+    return f"{request.path}?{urlencode(request.params, quote_via=quote)}"
+
+
+def _header_pairs(options: CallOptions, request: Request[Any]) -> list[tuple[bytes, bytes]]:
+    try:
+        return [(name.encode(), value.encode("ascii")) for name, value in options.headers(request).items()]
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest("header values (user capability, traceparent) must be ASCII") from exc
+
+
+class SyncTransport(Protocol):
+    def send(self, options: CallOptions, request: Request[Any]) -> Reply: ...
+
+    def close(self) -> None: ...
+
+
+class AsyncTransport(Protocol):
+    async def send(self, options: CallOptions, request: Request[Any]) -> Reply: ...
+
+    async def aclose(self) -> None: ...
+
+
+class LeanSync:
+    def __init__(self, base_url: str, timeout: float) -> None:
+        self._http = BlockingHttpClient(base_url, timeout=timeout)
+
+    def send(self, options: CallOptions, request: Request[Any]) -> Reply:
+        headers = _header_pairs(options, request)
+        try:
+            response = self._http.request(request.method, _target(request), headers, request.body)
+        except ValueError as exc:  # a header value with a line break: refused before it is sent
+            raise InvalidRequest(str(exc)) from exc
+        except OSError as exc:
+            raise unreachable(options, request, exc) from exc
+        return Reply(response.status, response.body)
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class LeanAsync:
+    def __init__(self, base_url: str, timeout: float) -> None:
+        self._http = HttpClient(base_url, timeout=timeout)
+
+    async def send(self, options: CallOptions, request: Request[Any]) -> Reply:
+        headers = _header_pairs(options, request)
+        try:
+            response = await self._http.request(request.method, _target(request), headers, request.body)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from exc
+        except OSError as exc:  # TimeoutError included: asyncio.timeout raises it
+            raise unreachable(options, request, exc) from exc
+        return Reply(response.status, response.body)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+class HttpxSync:
+    """Over an ``httpx.Client``: the caller's (not closed here), or one made around their transport."""
+
+    def __init__(self, client: httpx.Client, owned: bool) -> None:
+        self._http, self._owned = client, owned
+
+    def send(self, options: CallOptions, request: Request[Any]) -> Reply:
+        import httpx
+
+        try:
+            response = self._http.request(
+                request.method,
+                options.url(request),
+                params=request.params,
+                content=request.body,
+                headers=options.headers(request),
+            )
+        except (httpx.TransportError, OSError) as exc:
+            raise unreachable(options, request, exc) from exc
+        return Reply(response.status_code, response.content)
+
+    def close(self) -> None:
+        if self._owned:
+            self._http.close()
+
+
+class HttpxAsync:
+    def __init__(self, client: httpx.AsyncClient, owned: bool) -> None:
+        self._http, self._owned = client, owned
+
+    async def send(self, options: CallOptions, request: Request[Any]) -> Reply:
+        import httpx
+
+        try:
+            response = await self._http.request(
+                request.method,
+                options.url(request),
+                params=request.params,
+                content=request.body,
+                headers=options.headers(request),
+            )
+        except (httpx.TransportError, OSError) as exc:
+            raise unreachable(options, request, exc) from exc
+        return Reply(response.status_code, response.content)
+
+    async def aclose(self) -> None:
+        if self._owned:
+            await self._http.aclose()
+
+
+def sync_transport(
+    base_url: str, timeout: float, transport: httpx.BaseTransport | None, http_client: httpx.Client | None
+) -> SyncTransport:
+    if http_client is not None:
+        return HttpxSync(http_client, owned=False)
+    if transport is not None:
+        import httpx
+
+        return HttpxSync(httpx.Client(timeout=httpx.Timeout(timeout), transport=transport), owned=True)
+    return LeanSync(base_url, timeout)
+
+
+def async_transport(
+    base_url: str, timeout: float, transport: httpx.AsyncBaseTransport | None, http_client: httpx.AsyncClient | None
+) -> AsyncTransport:
+    if http_client is not None:
+        return HttpxAsync(http_client, owned=False)
+    if transport is not None:
+        import httpx
+
+        return HttpxAsync(httpx.AsyncClient(timeout=httpx.Timeout(timeout), transport=transport), owned=True)
+    return LeanAsync(base_url, timeout)
