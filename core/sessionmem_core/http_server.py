@@ -71,7 +71,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self._server = server
         self._transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpRequestParser(self)
+        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._request = _Request()
         self._size = 0
         self._task: asyncio.Task[None] | None = None
@@ -89,12 +89,16 @@ class _Connection(asyncio.Protocol):
         self._closed = True
         self._lost.set()
         self._server.connections.discard(self)
+        # The parser and this protocol refer to each other: without this, a closed connection (and the
+        # request it last held) waits for the cycle collector instead of being freed here.
+        self._parser = None
 
     def data_received(self, data: bytes) -> None:
-        if self._discarding:
+        parser = self._parser
+        if self._discarding or parser is None:
             return
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._reply_and_close(400, b'{"error":{"type":"invalid_request","message":"upgrade not supported"}}')
         except (httptools.HttpParserError, PayloadTooLarge):
@@ -120,8 +124,10 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         request = self._request
-        request.method = self._parser.get_method()
-        request.version = self._parser.get_http_version()
+        parser = self._parser
+        assert parser is not None  # called back from feed_data, so before connection_lost
+        request.method = parser.get_method()
+        request.version = parser.get_http_version()
         for name, value in request.headers:
             if name == b"content-length" and value.isdigit() and int(value) > self._server.max_body:
                 self._too_large = PayloadTooLarge(f"request body exceeds {self._server.max_body} bytes")
@@ -141,6 +147,7 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         self._transport.pause_reading()  # one request at a time: the next is read after this answer
         request = self._request
+        assert self._parser is not None  # called back from feed_data, so before connection_lost
         keep_alive = self._parser.should_keep_alive()
         url = httptools.parse_url(request.url)
         raw_path = url.path or b"/"
