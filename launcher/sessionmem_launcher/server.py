@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from opentelemetry.trace import TracerProvider
 
 from sessionmem_core.env import MAX_BODY_BYTES, LauncherSettings
-from sessionmem_core.http_server import AsgiApp, HttpServer
+from sessionmem_core.http_server import AsgiApp, HttpServer, Router
 from sessionmem_core.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_launcher.managed_loop import ManagedLoop
 from sessionmem_launcher.memory_api import MemoryEndpoint
@@ -32,7 +32,8 @@ class Launcher:
         client = self.memory_client or memory_client_from_settings(self.settings)
         self.memory_client = client
         self._loop_app = ManagedLoop(self.settings, client, tracer)
-        memory = await serve_in_background(MemoryEndpoint(client, tracer), "127.0.0.1", self.settings.launcher_port)
+        endpoint = MemoryEndpoint(client, tracer)
+        memory = await serve_in_background(endpoint, "127.0.0.1", self.settings.launcher_port, router=endpoint.route)
         self._servers.append(memory)
         self._servers.append(await serve_in_background(self._loop_app, self.serve_host, self.settings.serve_port))
 
@@ -65,9 +66,14 @@ class Launcher:
 
 
 async def serve_in_background(
-    app: AsgiApp, host: str = "127.0.0.1", port: int = 0, max_body: int = MAX_BODY_BYTES
+    app: AsgiApp,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_body: int = MAX_BODY_BYTES,
+    router: Router | None = None,
 ) -> HttpServer:
-    """Serve ``app`` on the running loop until ``stop()``; ``port`` 0 picks a free one (see ``.port``)."""
-    server = HttpServer(app, max_body)
+    """Serve ``app`` on the running loop until ``stop()``; ``port`` 0 picks a free one (see ``.port``).
+    Requests ``router`` claims skip ``app`` (see ``HttpServer``)."""
+    server = HttpServer(app, max_body, router)
     await server.start(host, port)
     return server

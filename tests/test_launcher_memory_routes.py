@@ -1,0 +1,200 @@
+"""The launcher's memory endpoint served straight from its HTTP server (no ASGI in between): what only
+that path decides, checked against the real proxy or a real recording upstream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from sessionmem_core import api, env
+from sessionmem_core.http_server import HttpServer
+from sessionmem_core.telemetry import MemoryTracer
+from sessionmem_launcher.memory_api import MemoryEndpoint
+from sessionmem_launcher.memory_client import memory_client_from_settings
+from sessionmem_launcher.server import Launcher, serve_in_background
+from tests.conftest import launcher_settings
+from tests.support.processes import ServiceProcess
+from tests.test_proxy import exchange
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def _tracer(exporter: InMemorySpanExporter) -> MemoryTracer:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return MemoryTracer(provider, "launcher")
+
+
+class Recorder:
+    """A stand-in proxy that keeps the headers of every request it gets and answers like the proxy."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        self.requests.append((scope["method"], scope["path"], headers))
+        answer = [(b"content-type", b"application/json"), (api.SCOPE_HEADER.encode(), b"session")]
+        await send({"type": "http.response.start", "status": 200, "headers": answer})
+        await send({"type": "http.response.body", "body": b'{"ok":true}'})
+
+
+@pytest.fixture
+async def recorded(dev_token_file: Path, span_exporter: InMemorySpanExporter) -> AsyncIterator[tuple[Recorder, str]]:
+    """A launcher whose proxy is a ``Recorder``; yields it and the launcher's memory URL."""
+    recorder = Recorder()
+    upstream = await serve_in_background(recorder)
+    settings = launcher_settings(f"http://127.0.0.1:{upstream.port}", dev_token_file)
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(span_exporter))
+    launcher = Launcher(settings, tracer_provider=provider, serve_host="127.0.0.1")
+    await launcher.start()
+    yield recorder, f"http://127.0.0.1:{launcher.memory_port}"
+    await launcher.stop()
+    await upstream.stop()
+
+
+async def test_only_the_allow_listed_headers_reach_the_proxy(
+    recorded: tuple[Recorder, str], dev_token_file: Path
+) -> None:
+    recorder, url = recorded
+    sent = {
+        "traceparent": TRACEPARENT,
+        "tracestate": "vendor=1",
+        api.USER_CAPABILITY_HEADER: "cap-value",
+        "if-match": "7",
+        "authorization": "Bearer dev:team-b/billing-agent",
+        "x-sessionmem-agent": "billing-agent",
+        "x-user-id": "mallory",
+        "cookie": "session=1",
+        "x-forwarded-for": "10.0.0.1",
+    }
+    async with httpx.AsyncClient(base_url=url) as client:
+        response = await client.put("/v1/conversations/c1?scope=shared", json=exchange("a"), headers=sent)
+    assert response.status_code == 200 and response.json() == {"ok": True}
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["content-length"] == str(len(response.content))
+    [(method, path, headers)] = recorder.requests
+    assert (method, path) == ("PUT", "/v1/conversations/c1")
+    assert headers["authorization"] == f"Bearer {dev_token_file.read_text().strip()}", (
+        "the pod's token, not the agent's"
+    )
+    assert headers[api.USER_CAPABILITY_HEADER] == "cap-value" and headers["if-match"] == "7"
+    assert headers["traceparent"].split("-")[1] == TRACEPARENT.split("-")[1], "the launcher's span, same trace"
+    assert headers["tracestate"] == "vendor=1"
+    assert set(headers) == {
+        "host",
+        "content-type",
+        "content-length",
+        "traceparent",
+        "tracestate",
+        "authorization",
+        api.USER_CAPABILITY_HEADER,
+        "if-match",
+    }
+
+
+async def test_unrouted_requests_health_and_head_are_answered_as_before(recorded: tuple[Recorder, str]) -> None:
+    recorder, url = recorded
+    async with httpx.AsyncClient(base_url=url) as client:
+        health = await client.get("/healthz")
+        unknown = await client.get("/v1/nowhere")
+        head = await client.head("/v1/conversations/c1/entries")
+        wrong_method = await client.patch("/v1/conversations/c1/entries", content=b"{}")
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found"
+    assert head.status_code == 404 and head.content == b"" and int(head.headers["content-length"]) > 0
+    assert wrong_method.status_code == 404 and wrong_method.json()["error"]["type"] == "not_found"
+    assert recorder.requests == [], "none of these reached the proxy"
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT"])
+async def test_an_empty_append_or_replace_is_a_typed_400_in_its_span(
+    recorded: tuple[Recorder, str], span_exporter: InMemorySpanExporter, method: str
+) -> None:
+    recorder, url = recorded
+    path = "/v1/conversations/c1/entries" if method == "POST" else "/v1/conversations/c1"
+    async with httpx.AsyncClient(base_url=url) as client:
+        response = await client.request(method, path)
+    assert response.status_code == 400
+    assert response.json()["error"] == {"type": "invalid_request", "message": "request body is required"}
+    assert recorder.requests == []
+    [span] = span_exporter.get_finished_spans()
+    assert span.name == ("memory.append" if method == "POST" else "memory.replace")
+    assert span.status.status_code is StatusCode.ERROR
+    assert dict(span.attributes or {})["memory.outcome"] == "invalid_request"
+
+
+async def test_an_oversize_body_past_a_larger_server_limit_is_a_typed_413_in_its_span(
+    proxy_process: ServiceProcess, dev_token_file: Path, span_exporter: InMemorySpanExporter
+) -> None:
+    client = memory_client_from_settings(launcher_settings(proxy_process.base_url, dev_token_file))
+    endpoint = MemoryEndpoint(client, _tracer(span_exporter))
+    server: HttpServer = await serve_in_background(endpoint, max_body=2 * env.MAX_BODY_BYTES, router=endpoint.route)
+    body = orjson.dumps({"entries": [{"role": "user", "content": "x" * env.MAX_BODY_BYTES}]})
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as http:
+            response = await http.post("/v1/conversations/big/entries", content=body)
+    finally:
+        await server.stop()
+        await client.aclose()
+    assert response.status_code == 413 and response.json()["error"]["type"] == "payload_too_large"
+    [span] = span_exporter.get_finished_spans()
+    assert span.name == "memory.append" and span.status.status_code is StatusCode.ERROR
+    assert dict(span.attributes or {})["memory.outcome"] == "payload_too_large"
+
+
+async def test_an_error_answer_of_the_proxy_passes_through_and_fails_the_span(
+    launcher: Launcher, span_exporter: InMemorySpanExporter
+) -> None:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as client:
+        response = await client.get("/v1/conversations/c1/entries?limit=-1")
+    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request"
+    [span] = span_exporter.get_finished_spans()
+    assert span.name == "memory.get" and span.status.status_code is StatusCode.ERROR
+    assert dict(span.attributes or {})["memory.outcome"] == "invalid_request"
+
+
+def _comparable(response: httpx.Response) -> tuple[int, dict[str, str], Any]:
+    """Status, headers and body, without what differs between two conversations written a moment apart."""
+    body = response.json()
+    body.pop("conversationId", None)
+    for entry in body.get("entries", []):
+        entry.pop("ts")
+    return response.status_code, dict(response.headers), body
+
+
+async def test_the_asgi_app_alone_answers_as_the_direct_route_does(
+    proxy_process: ServiceProcess, dev_token_file: Path, span_exporter: InMemorySpanExporter
+) -> None:
+    client = memory_client_from_settings(launcher_settings(proxy_process.base_url, dev_token_file))
+    endpoint = MemoryEndpoint(client, _tracer(span_exporter))
+    direct = await serve_in_background(endpoint, router=endpoint.route)
+    asgi = await serve_in_background(endpoint)
+    answers = []
+    try:
+        for server, conversation in ((direct, "direct"), (asgi, "asgi00")):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as http:
+                calls = [
+                    await http.post(f"/v1/conversations/{conversation}/entries", json=exchange("t")),
+                    await http.get(f"/v1/conversations/{conversation}/entries?limit=5"),
+                    await http.post(f"/v1/conversations/{conversation}/entries"),
+                    await http.get("/v1/conversations/bad:id/entries"),
+                ]
+            answers.append([_comparable(r) for r in calls])
+    finally:
+        await direct.stop()
+        await asgi.stop()
+        await client.aclose()
+    assert answers[0] == answers[1]
+    assert [s.name for s in span_exporter.get_finished_spans()] == ["memory.append", "memory.get"] * 4
