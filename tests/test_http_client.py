@@ -5,6 +5,7 @@ connections, header injection, and uvloop (which the launcher and the proxy run 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, MutableMapping
 from typing import Any
 
@@ -12,7 +13,7 @@ import orjson
 import pytest
 import uvloop
 
-from sessionmem_core.http_client import BlockingHttpClient, HttpClient, HttpError
+from sessionmem_core.http_client import BlockingHttpClient, HttpClient, HttpError, HttpTimeout
 from sessionmem_core.http_server import HttpServer
 from tests.support.valkey import free_port
 
@@ -74,9 +75,11 @@ async def test_a_timeout_drops_the_connection_and_the_next_request_works(server:
     aclient = HttpClient(f"http://127.0.0.1:{server.port}", timeout=0.2)
     bclient = BlockingHttpClient(f"http://127.0.0.1:{server.port}", timeout=0.2)
     try:
-        with pytest.raises(TimeoutError):
+        began = time.monotonic()
+        with pytest.raises(HttpTimeout):
             await aclient.request("GET", "/hang")
-        with pytest.raises(HttpError):
+        assert time.monotonic() - began < 5, "the exchange was cut at its deadline, not left to hang"
+        with pytest.raises(HttpTimeout):
             await asyncio.to_thread(bclient.request, "GET", "/hang")
         # A late answer to /hang must never be read as the answer to the next request.
         assert orjson.loads((await aclient.request("GET", "/next")).body)["path"] == "/next"
@@ -121,3 +124,23 @@ async def test_the_async_client_runs_on_uvloop(server: HttpServer) -> None:
             await client.aclose()
 
     await asyncio.to_thread(_on_uvloop, exchange, server.port)
+
+
+async def test_one_connection_busy_for_longer_than_the_timeout_is_not_cut(server: HttpServer) -> None:
+    # The timer outlives exchanges: each exchange must get its own deadline, not the first one's.
+    client = HttpClient(f"http://127.0.0.1:{server.port}", timeout=0.3)
+    try:
+        began = time.monotonic()
+        answered = 0
+        while time.monotonic() - began < 0.9:
+            assert (await client.request("GET", "/quick")).status == 200
+            answered += 1
+        assert len(server.connections) == 1
+        cut = time.monotonic()
+        with pytest.raises(HttpTimeout):
+            await client.request("GET", "/hang")
+        waited = time.monotonic() - cut
+    finally:
+        await client.aclose()
+    assert answered > 10
+    assert 0.25 < waited < 1.0, waited

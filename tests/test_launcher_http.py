@@ -87,3 +87,41 @@ async def test_client_errors_are_typed_and_a_dropped_keep_alive_connection_is_re
         await client.aclose()
         await server.stop()
     assert again.status == 200 and orjson.loads(again.body)["path"] == "/two"
+
+
+async def test_a_proxy_that_accepts_but_never_answers_is_a_typed_503_after_the_proxy_timeout(tmp_path: Any) -> None:
+    from sessionmem_core.env import LauncherSettings
+    from sessionmem_launcher.server import Launcher
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        await asyncio.sleep(30)
+
+    proxy = await asyncio.start_server(silent, "127.0.0.1", 0)
+    token = tmp_path / "token"
+    token.write_text("dev:team-a/support-agent")
+    settings = LauncherSettings.from_env(
+        {
+            "SESSIONMEM_PROXY_URL": f"http://127.0.0.1:{proxy.sockets[0].getsockname()[1]}",
+            "SESSIONMEM_PROXY_TIMEOUT_SECONDS": "0.3",
+            "SESSIONMEM_TOKEN_PATH": str(token),
+            "SESSIONMEM_NAMESPACE": "team-a",
+            "SESSIONMEM_AGENT": "support-agent",
+            "SESSIONMEM_LAUNCHER_PORT": "0",
+            "SESSIONMEM_SERVE_PORT": "0",
+        }
+    )
+    launcher = Launcher(settings, serve_host="127.0.0.1")
+    await launcher.start()
+    client = HttpClient(f"http://127.0.0.1:{launcher.memory_port}", timeout=10)
+    try:
+        began = asyncio.get_running_loop().time()
+        for _ in range(2):  # the second call goes over a fresh connection to the proxy, bounded the same
+            answer = await client.request("GET", "/v1/conversations/c1/entries")
+            assert answer.status == 503 and orjson.loads(answer.body)["error"]["type"] == "backend_unavailable"
+        waited = asyncio.get_running_loop().time() - began
+    finally:
+        await client.aclose()
+        await launcher.stop()
+        proxy.close()
+    assert 0.5 < waited < 3, waited

@@ -4,7 +4,6 @@ the two modes cannot drift apart)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -43,6 +42,9 @@ def _int_header(response: HttpResponse, name: str) -> int | None:
 
 
 class Transport(Protocol):
+    """Sends one request; bounds it by the launcher's proxy timeout itself (raising an OSError or
+    TimeoutError when it runs out)."""
+
     async def request(
         self, method: str, target: str, headers: Iterable[tuple[bytes, bytes]] = (), body: bytes | None = None
     ) -> HttpResponse: ...
@@ -92,7 +94,6 @@ class MemoryClient:
         self._token = _TokenFile(Path(settings.token_path))
         self._send_token = send_token
         self._propagate_current_span = propagate_current_span
-        self._timeout = settings.proxy_timeout_seconds
         self._http = transport
 
     def _write_params(self) -> list[tuple[str, str]]:
@@ -138,8 +139,9 @@ class MemoryClient:
         if if_match is not None:
             headers.append((b"if-match", if_match.encode("latin-1")))
         try:
-            async with asyncio.timeout(self._timeout):
-                response = await self._http.request(method, f"{path}?{urlencode(params)}", headers, body)
+            # The transport bounds the call (SESSIONMEM_PROXY_TIMEOUT_SECONDS): a timeout per call here
+            # would arm and cancel a loop timer on every forwarded operation.
+            response = await self._http.request(method, f"{path}?{urlencode(params)}", headers, body)
         except (OSError, TimeoutError, UnicodeError) as exc:
             raise BackendUnavailable(f"memory proxy unreachable: {type(exc).__name__}") from exc
         return MemoryResponse(
@@ -156,7 +158,7 @@ class MemoryClient:
 
 def memory_client_from_settings(settings: LauncherSettings) -> MemoryClient:
     if settings.proxy_url:
-        return MemoryClient(settings, HttpClient(settings.proxy_url))
+        return MemoryClient(settings, HttpClient(settings.proxy_url, timeout=settings.proxy_timeout_seconds))
     if settings.backend_addr:
         return _direct_client(settings)
     raise ValueError("the launcher needs a proxy URL or a backend address")
@@ -179,4 +181,5 @@ def _direct_client(settings: LauncherSettings) -> MemoryClient:
         authenticator=FixedIdentityAuthenticator(identity),
         tracer_provider=NoOpTracerProvider(),
     )
-    return MemoryClient(settings, AsgiClient(app), send_token=False, propagate_current_span=False)
+    client = AsgiClient(app, timeout=settings.proxy_timeout_seconds)
+    return MemoryClient(settings, client, send_token=False, propagate_current_span=False)
