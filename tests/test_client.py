@@ -436,6 +436,28 @@ def test_unexpected_answers_are_typed_errors() -> None:
         assert "bad gateway" in gateway.value.message
 
 
+def test_the_adapters_window_read_checks_the_fields_it_keeps() -> None:
+    entry = {"id": "m1", "v": 1, "role": "user", "content": "hi", "author": "a/b", "ts": 1}
+    answers = iter(
+        [
+            {"conversationId": "c", "scope": "session", "version": 1, "entries": [entry], "summary": None},
+            {"not": "a history"},
+            {"conversationId": "c", "scope": "session", "version": 1, "entries": [{**entry, "role": "tool"}]},
+            {"conversationId": "c", "scope": "session", "version": 1, "entries": [{**entry, "content": 7}]},
+        ]
+    )
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=next(answers))
+
+    with MemoryClient("http://memory.test", transport=httpx.MockTransport(answer)) as memory:
+        assert memory._read_window("c", 40, False) == [entry]
+        for _ in range(3):
+            with pytest.raises(SessionMemError, match="unexpected answer") as bad:
+                memory._read_window("c", 40, False)
+            assert type(bad.value) is SessionMemError and bad.value.status == 200
+
+
 def test_the_default_base_url_is_the_launcher_port(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(env.LAUNCHER_PORT, raising=False)
     assert default_base_url() == "http://127.0.0.1:2998"

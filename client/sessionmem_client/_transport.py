@@ -10,9 +10,9 @@ imported only then.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import quote, urlencode
 
 from sessionmem_client._requests import CallOptions, Reply, Request, unreachable
+from sessionmem_core.api import quote_component
 from sessionmem_core.errors import InvalidRequest
 from sessionmem_core.http_client import BlockingHttpClient, HttpClient
 
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 def _target(request: Request[Any]) -> str:
     if not request.params:
         return request.path
-    return f"{request.path}?{urlencode(request.params, quote_via=quote)}"
+    query = "&".join(f"{quote_component(name)}={quote_component(value)}" for name, value in request.params)
+    return f"{request.path}?{query}"
 
 
 def _header_pairs(options: CallOptions, request: Request[Any]) -> list[tuple[bytes, bytes]]:

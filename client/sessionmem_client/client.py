@@ -18,11 +18,11 @@ from sessionmem_client._requests import (
     CallOptions,
     EntryLike,
     M,
-    Message,
     Request,
     Requests,
+    WindowEntry,
     decode,
-    decode_messages,
+    decode_window,
     default_base_url,
     exchange_entries,
 )
@@ -96,10 +96,10 @@ class MemoryClient:
     def _send(self, request: Request[M]) -> M:
         return decode(request, self._http.send(self._options, request))
 
-    def _read_messages(self, conversation_id: str, limit: int, summary: bool) -> list[Message]:
+    def _read_window(self, conversation_id: str, limit: int, summary: bool) -> list[WindowEntry]:
         """:meth:`read` for the framework adapters: the entries without the History model around them."""
         request = Requests.read(conversation_id, limit, summary, None)
-        return decode_messages(request, self._http.send(self._options, request))
+        return decode_window(request, self._http.send(self._options, request))
 
     # --- one conversation ---
 
@@ -249,9 +249,9 @@ class AsyncMemoryClient:
     async def _send(self, request: Request[M]) -> M:
         return decode(request, await self._http.send(self._options, request))
 
-    async def _read_messages(self, conversation_id: str, limit: int, summary: bool) -> list[Message]:
+    async def _read_window(self, conversation_id: str, limit: int, summary: bool) -> list[WindowEntry]:
         request = Requests.read(conversation_id, limit, summary, None)
-        return decode_messages(request, await self._http.send(self._options, request))
+        return decode_window(request, await self._http.send(self._options, request))
 
     async def read(
         self,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sessionmem_client._requests import Message
+from sessionmem_client._requests import WindowEntry
 from sessionmem_client.client import AsyncMemoryClient, MemoryClient
 from sessionmem_core import env, wire
 from sessionmem_core.ids import is_valid_id, validate_conversation_id
@@ -82,16 +82,20 @@ def message_to_entry(message: BaseMessage) -> wire.EntryIn | None:
     return wire.EntryIn(role=role, content=text, id=entry_id)
 
 
-def entry_to_message(entry: wire.Entry | Message) -> BaseMessage:
-    if entry.role is wire.Role.USER:
-        return HumanMessage(content=entry.content, id=entry.id)
-    if entry.role is wire.Role.ASSISTANT:
-        return AIMessage(content=entry.content, id=entry.id)
-    return SystemMessage(content=entry.content, id=entry.id)
+def entry_to_message(entry: wire.Entry) -> BaseMessage:
+    return _message(entry.role, entry.content, entry.id)
 
 
-def _messages(entries: list[Message]) -> list[BaseMessage]:
-    return [entry_to_message(e) for e in entries]
+def _message(role: str, content: str, entry_id: str) -> BaseMessage:
+    if role == wire.Role.USER:
+        return HumanMessage(content=content, id=entry_id)
+    if role == wire.Role.ASSISTANT:
+        return AIMessage(content=content, id=entry_id)
+    return SystemMessage(content=content, id=entry_id)
+
+
+def _messages(window: list[WindowEntry]) -> list[BaseMessage]:
+    return [_message(e["role"], e["content"], e["id"]) for e in window]
 
 
 def _batches(messages: Sequence[BaseMessage]) -> list[list[wire.EntryIn]]:
@@ -138,7 +142,7 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
     @property
     def messages(self) -> list[BaseMessage]:
         """The latest ``window`` messages, oldest first (one read)."""
-        return _messages(self._sync()._read_messages(self.conversation_id, self.window, self.include_summary))
+        return _messages(self._sync()._read_window(self.conversation_id, self.window, self.include_summary))
 
     @messages.setter
     def messages(self, messages: Sequence[BaseMessage]) -> None:
@@ -159,9 +163,7 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
     async def aget_messages(self) -> list[BaseMessage]:
         if self._async_client is None:
             return await super().aget_messages()
-        return _messages(
-            await self._async_client._read_messages(self.conversation_id, self.window, self.include_summary)
-        )
+        return _messages(await self._async_client._read_window(self.conversation_id, self.window, self.include_summary))
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
         if self._async_client is None:

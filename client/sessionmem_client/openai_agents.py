@@ -33,7 +33,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from sessionmem_client._requests import Message
 from sessionmem_client.client import AsyncMemoryClient
 from sessionmem_core import env, wire
 from sessionmem_core.errors import VersionConflict
@@ -101,7 +100,7 @@ def item_to_entry(item: TResponseInputItem | Mapping[str, Any]) -> wire.EntryIn 
     return wire.EntryIn(role=role, content=text)
 
 
-def entry_to_item(entry: wire.Entry | Message) -> TResponseInputItem:
+def entry_to_item(entry: wire.Entry) -> TResponseInputItem:
     item: EasyInputMessageParam = {"role": _ITEM_ROLES[entry.role], "content": entry.content}
     return item
 
@@ -138,8 +137,9 @@ class SessionmemSession:
         if limit is not None and limit <= 0:
             return []
         if limit is not None and limit <= env.MAX_READ_LIMIT:
-            window = await self.client._read_messages(self.session_id, limit, self.include_summary)
-            return [entry_to_item(e) for e in window]
+            window = await self.client._read_window(self.session_id, limit, self.include_summary)
+            # A checked role of the wire is an item role already ("user", "assistant", "system").
+            return [{"role": e["role"], "content": e["content"]} for e in window]
         entries = (await self.client.export(self.session_id)).entries
         if limit is not None:
             entries = entries[-limit:]

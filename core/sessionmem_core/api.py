@@ -46,9 +46,20 @@ IDENTITY_HEADERS = frozenset(
 )
 
 
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+def quote_component(text: str) -> str:
+    """``text`` percent-encoded for a path segment or a query value. Most ids and values need nothing
+    (new_conversation_id makes URL-safe ones): those skip ``quote``'s cost (~3 µs a call)."""
+    if _UNRESERVED.issuperset(text):
+        return text
+    return quote(text, safe="")
+
+
 def _segment(conversation_id: str) -> str:
     # Percent-encoded: a valid id may hold '#', '?' or '%', which a URL would otherwise read as syntax.
-    return quote(conversation_id, safe="")
+    return quote_component(conversation_id)
 
 
 def entries_path(conversation_id: str) -> str:
