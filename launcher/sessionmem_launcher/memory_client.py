@@ -9,7 +9,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import urlencode
 
 from sessionmem_core import api
 from sessionmem_core.env import VALKEY_URL, LauncherSettings
@@ -95,6 +94,9 @@ class MemoryClient:
         self._send_token = send_token
         self._propagate_current_span = propagate_current_span
         self._http = transport
+        # The pod's own parameters never change: encoded once, not on every forwarded call.
+        self._write_query = _query(self._write_params())
+        self._read_query = _query([(api.SCOPE_PARAM, settings.scope)])
 
     def _write_params(self) -> list[tuple[str, str]]:
         params = [
@@ -124,8 +126,9 @@ class MemoryClient:
             raise UserCapabilityRequired(
                 f"this agent keeps memory per user: send the {api.USER_CAPABILITY_HEADER} header"
             )
-        params = [(k, v) for k, v in query if k not in _POD_PARAMS]
-        params += self._write_params() if method in ("POST", "PUT") else [(api.SCOPE_PARAM, self._settings.scope)]
+        pod_query = self._write_query if method in ("POST", "PUT") else self._read_query
+        agent_query = _query([(k, v) for k, v in query if k not in _POD_PARAMS])
+        target = f"{path}?{agent_query}&{pod_query}" if agent_query else f"{path}?{pod_query}"
         trace: dict[str, str] = {}
         if self._propagate_current_span:
             inject_traceparent(trace)
@@ -141,7 +144,7 @@ class MemoryClient:
         try:
             # The transport bounds the call (SESSIONMEM_PROXY_TIMEOUT_SECONDS): a timeout per call here
             # would arm and cancel a loop timer on every forwarded operation.
-            response = await self._http.request(method, f"{path}?{urlencode(params)}", headers, body)
+            response = await self._http.request(method, target, headers, body)
         except (OSError, TimeoutError, UnicodeError) as exc:
             raise BackendUnavailable(f"memory proxy unreachable: {type(exc).__name__}") from exc
         return MemoryResponse(
@@ -154,6 +157,10 @@ class MemoryClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def _query(params: Iterable[tuple[str, str]]) -> str:
+    return "&".join(f"{api.quote_component(name)}={api.quote_component(value)}" for name, value in params)
 
 
 def memory_client_from_settings(settings: LauncherSettings) -> MemoryClient:
