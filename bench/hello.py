@@ -106,8 +106,8 @@ def create_app() -> FastAPI:
     # A bare ASGI app behind the same middleware stack: the floor of the FastAPI/Starlette app.
     app.mount("/x/asgi", _raw_asgi)
 
-    # The plain route plus the proxy's one Valkey call of a read (LRANGE -40 -1 with valkey-py asyncio, the
-    # proxy's client and settings): the ceiling of any FastAPI proxy in front of Valkey.
+    # The plain route plus the proxy's one Valkey call of a read (LRANGE -40 -1 through the proxy's own
+    # client, RespClient for a standalone URL): the ceiling of a FastAPI proxy in front of Valkey.
     valkey_url = os.environ.get("BENCH_VALKEY_URL")
     if valkey_url:
         from sessionmem_core.valkey_client import connect

@@ -276,7 +276,7 @@ class Profiler:
             ("read-route signature, inputs read by hand from Request", "/x/request/c1?limit=40"),
             ("read-route signature (7 params), async dependency", "/x/params-async/c1?limit=40"),
             ("read-route signature (7 params), sync dependency (as the proxy)", "/x/params-sync/c1?limit=40"),
-            ("plain route + one LRANGE -40 -1 by valkey-py (proxy's client)", "/x/valkey-read"),
+            ("plain route + one LRANGE -40 -1 by the proxy's client (RespClient)", "/x/valkey-read"),
         ]
         svc = hello(1, env={"BENCH_VALKEY_URL": valkey_url}).start()
         try:
