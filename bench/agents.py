@@ -22,7 +22,7 @@ import socket
 import statistics
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -43,9 +43,18 @@ class AgentResult:
     p50_ms: float
     p90_ms: float
     error: str | None = None
+    samples: list[float] = field(default_factory=list, repr=False)
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {
+            "name": self.name,
+            "description": self.description,
+            "turns": self.turns,
+            "mean_ms": self.mean_ms,
+            "p50_ms": self.p50_ms,
+            "p90_ms": self.p90_ms,
+            "error": self.error,
+        }
 
 
 def _summary(name: str, description: str, samples: list[float]) -> AgentResult:
@@ -57,7 +66,16 @@ def _summary(name: str, description: str, samples: list[float]) -> AgentResult:
         mean_ms=statistics.fmean(ordered) * 1000,
         p50_ms=statistics.median(ordered) * 1000,
         p90_ms=ordered[int(len(ordered) * 0.9)] * 1000,
+        samples=ordered,
     )
+
+
+def merged(rounds: list[AgentResult]) -> AgentResult:
+    """One variant's rounds as one result, over all their turns; the first failure, if any round failed."""
+    failed = next((r for r in rounds if r.error), None)
+    if failed is not None:
+        return failed
+    return _summary(rounds[0].name, rounds[0].description, [s for r in rounds for s in r.samples])
 
 
 def _failed(name: str, description: str, exc: BaseException) -> AgentResult:

@@ -277,6 +277,13 @@ class Valkey:
         info: dict[str, Any] = valkey.Valkey(host="127.0.0.1", port=self.port).info("server")  # type: ignore[assignment]
         return str(info.get("valkey_version") or info.get("redis_version") or "?")
 
+    def flush_all(self) -> None:
+        """Empty every database (loaded scripts stay, so the proxy's EVALSHA keeps working)."""
+        import valkey
+
+        with valkey.Valkey(host="127.0.0.1", port=self.port, socket_timeout=5) as client:
+            client.flushall()
+
     def stop(self) -> None:
         self.process.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
