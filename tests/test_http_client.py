@@ -144,3 +144,17 @@ async def test_one_connection_busy_for_longer_than_the_timeout_is_not_cut(server
         await client.aclose()
     assert answered > 10
     assert 0.25 < waited < 1.0, waited
+
+
+async def test_the_blocking_client_can_be_shared_between_threads(server: HttpServer) -> None:
+    # Each exchange takes its connection out of the pool: threads never read each other's answers.
+    client = BlockingHttpClient(f"http://127.0.0.1:{server.port}", timeout=5)
+
+    def calls(thread: int) -> list[str]:
+        return [orjson.loads(client.request("GET", f"/t{thread}/{i}").body)["path"] for i in range(20)]
+
+    try:
+        answers = await asyncio.gather(*(asyncio.to_thread(calls, t) for t in range(6)))
+    finally:
+        client.close()
+    assert answers == [[f"/t{t}/{i}" for i in range(20)] for t in range(6)]
