@@ -9,8 +9,10 @@ from typing import Any
 import orjson
 import pytest
 
+from sessionmem_core import api
+from sessionmem_core.env import LauncherSettings
 from sessionmem_core.http_client import HttpClient, HttpError
-from sessionmem_launcher.server import serve_in_background
+from sessionmem_launcher.server import Launcher, serve_in_background
 from tests.support.valkey import free_port
 
 
@@ -89,30 +91,38 @@ async def test_client_errors_are_typed_and_a_dropped_keep_alive_connection_is_re
     assert again.status == 200 and orjson.loads(again.body)["path"] == "/two"
 
 
-async def test_a_proxy_that_accepts_but_never_answers_is_a_typed_503_after_the_proxy_timeout(tmp_path: Any) -> None:
-    from sessionmem_core.env import LauncherSettings
-    from sessionmem_launcher.server import Launcher
+async def _silent_peer() -> tuple[asyncio.Server, int]:
+    """A server that accepts and reads a request but never answers."""
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read(65536)
         await asyncio.sleep(30)
 
-    proxy = await asyncio.start_server(silent, "127.0.0.1", 0)
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def _started_launcher(tmp_path: Any, environ: dict[str, str]) -> Launcher:
     token = tmp_path / "token"
     token.write_text("dev:team-a/support-agent")
-    settings = LauncherSettings.from_env(
-        {
-            "SESSIONMEM_PROXY_URL": f"http://127.0.0.1:{proxy.sockets[0].getsockname()[1]}",
-            "SESSIONMEM_PROXY_TIMEOUT_SECONDS": "0.3",
-            "SESSIONMEM_TOKEN_PATH": str(token),
-            "SESSIONMEM_NAMESPACE": "team-a",
-            "SESSIONMEM_AGENT": "support-agent",
-            "SESSIONMEM_LAUNCHER_PORT": "0",
-            "SESSIONMEM_SERVE_PORT": "0",
-        }
-    )
-    launcher = Launcher(settings, serve_host="127.0.0.1")
+    base = {
+        "SESSIONMEM_TOKEN_PATH": str(token),
+        "SESSIONMEM_NAMESPACE": "team-a",
+        "SESSIONMEM_AGENT": "support-agent",
+        "SESSIONMEM_LAUNCHER_PORT": "0",
+        "SESSIONMEM_SERVE_PORT": "0",
+    }
+    launcher = Launcher(LauncherSettings.from_env({**base, **environ}), serve_host="127.0.0.1")
     await launcher.start()
+    return launcher
+
+
+async def test_a_proxy_that_accepts_but_never_answers_is_a_typed_503_after_the_proxy_timeout(tmp_path: Any) -> None:
+    proxy, proxy_port = await _silent_peer()
+    launcher = await _started_launcher(
+        tmp_path,
+        {"SESSIONMEM_PROXY_URL": f"http://127.0.0.1:{proxy_port}", "SESSIONMEM_PROXY_TIMEOUT_SECONDS": "0.3"},
+    )
     client = HttpClient(f"http://127.0.0.1:{launcher.memory_port}", timeout=10)
     try:
         began = asyncio.get_running_loop().time()
@@ -125,3 +135,28 @@ async def test_a_proxy_that_accepts_but_never_answers_is_a_typed_503_after_the_p
         await launcher.stop()
         proxy.close()
     assert 0.5 < waited < 3, waited
+
+
+async def test_an_agent_that_never_answers_is_a_typed_502_after_the_agent_timeout(tmp_path: Any) -> None:
+    agent, agent_port = await _silent_peer()
+    launcher = await _started_launcher(
+        tmp_path,
+        {
+            "SESSIONMEM_PROXY_URL": f"http://127.0.0.1:{free_port()}",  # memory fails open; the agent is asked
+            "SESSIONMEM_AGENT_PORT": str(agent_port),
+            "SESSIONMEM_AGENT_TIMEOUT_SECONDS": "0.3",
+        },
+    )
+    client = HttpClient(f"http://127.0.0.1:{launcher.serve_port}", timeout=10)
+    try:
+        began = asyncio.get_running_loop().time()
+        answer = await client.request(
+            "POST", "/", [(api.CONVERSATION_ID_HEADER.encode(), b"c1")], orjson.dumps({"input": "hi"})
+        )
+        waited = asyncio.get_running_loop().time() - began
+    finally:
+        await client.aclose()
+        await launcher.stop()
+        agent.close()
+    assert answer.status == 502 and orjson.loads(answer.body)["error"]["type"] == "agent_unavailable"
+    assert 0.25 < waited < 3, waited

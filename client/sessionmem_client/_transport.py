@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sessionmem_client._requests import CallOptions, Reply, Request, unreachable
-from sessionmem_core.api import quote_component
+from sessionmem_core.api import query_string
 from sessionmem_core.errors import InvalidRequest
 from sessionmem_core.http_client import BlockingHttpClient, HttpClient
 
@@ -23,8 +23,7 @@ if TYPE_CHECKING:
 def _target(request: Request[Any]) -> str:
     if not request.params:
         return request.path
-    query = "&".join(f"{quote_component(name)}={quote_component(value)}" for name, value in request.params)
-    return f"{request.path}?{query}"
+    return f"{request.path}?{query_string(request.params)}"
 
 
 def _header_pairs(options: CallOptions, request: Request[Any]) -> list[tuple[bytes, bytes]]:
@@ -32,6 +31,35 @@ def _header_pairs(options: CallOptions, request: Request[Any]) -> list[tuple[byt
         return [(name.encode(), value.encode("ascii")) for name, value in options.headers(request).items()]
     except UnicodeEncodeError as exc:
         raise InvalidRequest("header values (user capability, traceparent) must be ASCII") from exc
+
+
+class _LeanErrors:
+    """The typed errors of a call over sessionmem's HTTP client (a class, not a generator-based context
+    manager: it runs on every call)."""
+
+    __slots__ = ("_options", "_request")
+
+    def __init__(self, options: CallOptions, request: Request[Any]) -> None:
+        self._options, self._request = options, request
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, ValueError):  # a header value with a line break: refused before it is sent
+            raise InvalidRequest(str(exc)) from exc
+        if isinstance(exc, OSError):  # refused, broken, or HttpTimeout
+            raise unreachable(self._options, self._request, exc) from exc
+
+
+def _httpx_arguments(options: CallOptions, request: Request[Any]) -> dict[str, Any]:
+    return {
+        "method": request.method,
+        "url": options.url(request),
+        "params": request.params,
+        "content": request.body,
+        "headers": options.headers(request),
+    }
 
 
 class SyncTransport(Protocol):
@@ -52,12 +80,8 @@ class LeanSync:
 
     def send(self, options: CallOptions, request: Request[Any]) -> Reply:
         headers = _header_pairs(options, request)
-        try:
+        with _LeanErrors(options, request):
             response = self._http.request(request.method, _target(request), headers, request.body)
-        except ValueError as exc:  # a header value with a line break: refused before it is sent
-            raise InvalidRequest(str(exc)) from exc
-        except OSError as exc:
-            raise unreachable(options, request, exc) from exc
         return Reply(response.status, response.body)
 
     def close(self) -> None:
@@ -70,12 +94,8 @@ class LeanAsync:
 
     async def send(self, options: CallOptions, request: Request[Any]) -> Reply:
         headers = _header_pairs(options, request)
-        try:
+        with _LeanErrors(options, request):
             response = await self._http.request(request.method, _target(request), headers, request.body)
-        except ValueError as exc:
-            raise InvalidRequest(str(exc)) from exc
-        except OSError as exc:  # TimeoutError included: asyncio.timeout raises it
-            raise unreachable(options, request, exc) from exc
         return Reply(response.status, response.body)
 
     async def aclose(self) -> None:
@@ -92,13 +112,7 @@ class HttpxSync:
         import httpx
 
         try:
-            response = self._http.request(
-                request.method,
-                options.url(request),
-                params=request.params,
-                content=request.body,
-                headers=options.headers(request),
-            )
+            response = self._http.request(**_httpx_arguments(options, request))
         except (httpx.TransportError, OSError) as exc:
             raise unreachable(options, request, exc) from exc
         return Reply(response.status_code, response.content)
@@ -116,13 +130,7 @@ class HttpxAsync:
         import httpx
 
         try:
-            response = await self._http.request(
-                request.method,
-                options.url(request),
-                params=request.params,
-                content=request.body,
-                headers=options.headers(request),
-            )
+            response = await self._http.request(**_httpx_arguments(options, request))
         except (httpx.TransportError, OSError) as exc:
             raise unreachable(options, request, exc) from exc
         return Reply(response.status_code, response.content)

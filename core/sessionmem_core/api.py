@@ -6,7 +6,8 @@ stays free of pydantic; the request/response models live in ``sessionmem_core.wi
 
 from __future__ import annotations
 
-from urllib.parse import quote
+from collections.abc import Iterable
+from urllib.parse import parse_qsl, quote
 
 from sessionmem_core.errors import NotFound
 
@@ -55,6 +56,21 @@ def quote_component(text: str) -> str:
     if _UNRESERVED.issuperset(text):
         return text
     return quote(text, safe="")
+
+
+def query_string(params: Iterable[tuple[str, str]]) -> str:
+    """``name=value&...``, each part percent-encoded by :func:`quote_component`."""
+    return "&".join(f"{quote_component(name)}={quote_component(value)}" for name, value in params)
+
+
+def parse_query(query: bytes) -> list[tuple[str, str]]:
+    """A raw query string as (name, value) pairs, in order, blank values kept: ``parse_qsl``'s answer.
+    Nothing escaped is what every client of ours sends, and splitting it is a fraction of parse_qsl's cost
+    on a path every memory call takes (the launcher and the proxy both parse each call's query)."""
+    text = query.decode("latin-1")
+    if "%" in text or "+" in text:
+        return parse_qsl(text, keep_blank_values=True)
+    return [(name, value) for name, _, value in (pair.partition("=") for pair in text.split("&") if pair)]
 
 
 def _segment(conversation_id: str) -> str:

@@ -12,7 +12,6 @@ an ``output`` string, which is passed back to the caller as it is.
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 import orjson
@@ -53,7 +52,7 @@ class ManagedLoop:
         self._tracer = tracer
         self._count_tokens = load_counter(settings.token_counter)
         self.compactor = compactor or Compactor(settings, client, summarizer_from_settings(settings), tracer)
-        self._agent = HttpClient(f"http://127.0.0.1:{settings.agent_port}")
+        self._agent = HttpClient(f"http://127.0.0.1:{settings.agent_port}", timeout=settings.agent_timeout_seconds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -159,8 +158,7 @@ class ManagedLoop:
         target = scope.get("raw_path") or scope["path"].encode()
         url = (target.decode("latin-1") if isinstance(target, bytes) else str(target)) + (f"?{query}" if query else "")
         try:
-            async with asyncio.timeout(self._settings.agent_timeout_seconds):
-                response = await self._agent.request(scope["method"], url, relayed, body)
+            response = await self._agent.request(scope["method"], url, relayed, body)
         except (OSError, TimeoutError) as exc:
             raise AgentUnavailable(
                 f"agent on port {self._settings.agent_port} unreachable: {type(exc).__name__}"

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qsl
 
 import orjson
 
@@ -88,42 +87,30 @@ class MemoryEndpoint:
     ) -> Reply:
         """Forward one memory operation (``op`` and ``conversation_id`` from ``api.memory_route``) and
         answer with the proxy's status and body; a typed error becomes its typed answer."""
+        traceparent = header(headers, b"traceparent")
         try:
-            return await self._forward(method, path, op, conversation_id, query, headers, body)
+            with self._tracer.span(op, conversation_id or "", traceparent, header(headers, b"tracestate")) as span:
+                if conversation_id is not None:
+                    validate_conversation_id(conversation_id)
+                # The HTTP server refuses a larger body before it gets here, unless it was given a larger limit.
+                if len(body) > env.MAX_BODY_BYTES:
+                    raise PayloadTooLarge(f"request body exceeds {env.MAX_BODY_BYTES} bytes")
+                if op in ("append", "replace") and not body:
+                    raise InvalidRequest("request body is required")
+                response = await self._client.call(
+                    method,
+                    api.memory_path(op, conversation_id, path),
+                    api.parse_query(query),
+                    body or None,
+                    capability=header(headers, _CAPABILITY),
+                    traceparent=traceparent,
+                    if_match=header(headers, b"if-match"),
+                )
+                span.scope, span.entries, span.version = response.scope, response.entries, response.version
+                if response.status >= 400:
+                    span.fail(_error_type(response.body))
         except SessionMemError as exc:
             return Reply(exc.status, JSON_HEADERS, exc.body())
-
-    async def _forward(
-        self,
-        method: str,
-        path: str,
-        op: str,
-        conversation_id: str | None,
-        query: bytes,
-        headers: Sequence[tuple[bytes, bytes]],
-        body: bytes,
-    ) -> Reply:
-        traceparent = header(headers, b"traceparent")
-        with self._tracer.span(op, conversation_id or "", traceparent, header(headers, b"tracestate")) as span:
-            if conversation_id is not None:
-                validate_conversation_id(conversation_id)
-            # The HTTP server refuses a larger body before it gets here, unless it was given a larger limit.
-            if len(body) > env.MAX_BODY_BYTES:
-                raise PayloadTooLarge(f"request body exceeds {env.MAX_BODY_BYTES} bytes")
-            if op in ("append", "replace") and not body:
-                raise InvalidRequest("request body is required")
-            response = await self._client.call(
-                method,
-                api.memory_path(op, conversation_id, path),
-                parse_qsl(query.decode("latin-1"), keep_blank_values=True),
-                body or None,
-                capability=header(headers, _CAPABILITY),
-                traceparent=traceparent,
-                if_match=header(headers, b"if-match"),
-            )
-            span.scope, span.entries, span.version = response.scope, response.entries, response.version
-            if response.status >= 400:
-                span.fail(_error_type(response.body))
         return Reply(response.status, JSON_HEADERS, response.body)
 
 

@@ -95,8 +95,8 @@ class MemoryClient:
         self._propagate_current_span = propagate_current_span
         self._http = transport
         # The pod's own parameters never change: encoded once, not on every forwarded call.
-        self._write_query = _query(self._write_params())
-        self._read_query = _query([(api.SCOPE_PARAM, settings.scope)])
+        self._write_query = api.query_string(self._write_params())
+        self._read_query = api.query_string([(api.SCOPE_PARAM, settings.scope)])
 
     def _write_params(self) -> list[tuple[str, str]]:
         params = [
@@ -127,7 +127,7 @@ class MemoryClient:
                 f"this agent keeps memory per user: send the {api.USER_CAPABILITY_HEADER} header"
             )
         pod_query = self._write_query if method in ("POST", "PUT") else self._read_query
-        agent_query = _query([(k, v) for k, v in query if k not in _POD_PARAMS])
+        agent_query = api.query_string([(k, v) for k, v in query if k not in _POD_PARAMS])
         target = f"{path}?{agent_query}&{pod_query}" if agent_query else f"{path}?{pod_query}"
         trace: dict[str, str] = {}
         if self._propagate_current_span:
@@ -157,10 +157,6 @@ class MemoryClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
-
-
-def _query(params: Iterable[tuple[str, str]]) -> str:
-    return "&".join(f"{api.quote_component(name)}={api.quote_component(value)}" for name, value in params)
 
 
 def memory_client_from_settings(settings: LauncherSettings) -> MemoryClient:

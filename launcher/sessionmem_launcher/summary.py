@@ -50,14 +50,12 @@ class HttpSummarizer:
 
     def __init__(self, url: str, timeout_seconds: float = 60.0) -> None:
         parts = urlsplit(url)
-        self._http = HttpClient(f"{parts.scheme}://{parts.netloc}")
+        self._http = HttpClient(f"{parts.scheme}://{parts.netloc}", timeout=timeout_seconds)
         self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self._timeout = timeout_seconds
 
     async def summarize(self, previous: str | None, messages: Sequence[dict[str, Any]]) -> str:
         body = orjson.dumps({"previousSummary": previous, "entries": list(messages)})
-        async with asyncio.timeout(self._timeout):
-            response = await self._http.request("POST", self._target, [(b"content-type", b"application/json")], body)
+        response = await self._http.request("POST", self._target, [(b"content-type", b"application/json")], body)
         if response.status != 200:
             raise ValueError(f"summariser answered HTTP {response.status}")
         summary = orjson.loads(response.body).get("summary")

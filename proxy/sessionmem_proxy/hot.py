@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qsl
 
 import orjson
 from fastapi.responses import Response
@@ -136,19 +135,6 @@ async def append_conversation(
         )
 
 
-def _query_params(query: bytes) -> dict[str, str]:
-    text = query.decode("latin-1")
-    if "%" in text or "+" in text:
-        return dict(parse_qsl(text, keep_blank_values=True))
-    # Nothing escaped (what every client of ours sends): the same answer as parse_qsl, without its cost.
-    params: dict[str, str] = {}
-    for pair in text.split("&"):
-        if pair:
-            name, _, value = pair.partition("=")
-            params[name] = value
-    return params
-
-
 def _int_param(params: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:
     raw = params.get(name)
     if raw is None:
@@ -190,7 +176,7 @@ async def _serve(
     authorization = _header(headers, b"authorization")
     capability = _header(headers, _CAPABILITY_HEADER)
     traceparent = _header(headers, b"traceparent")
-    params = _query_params(query)
+    params = dict(api.parse_query(query))
     validate_conversation_id(conversation_id)
     if op == "get":
         limit = _int_param(params, api.LIMIT_PARAM, env.DEFAULT_REPLAY_MESSAGES, 0, env.MAX_READ_LIMIT)
