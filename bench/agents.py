@@ -22,7 +22,7 @@ import socket
 import statistics
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import orjson
@@ -46,15 +46,8 @@ class AgentResult:
     samples: list[float] = field(default_factory=list, repr=False)
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "turns": self.turns,
-            "mean_ms": self.mean_ms,
-            "p50_ms": self.p50_ms,
-            "p90_ms": self.p90_ms,
-            "error": self.error,
-        }
+        """Every field but the raw samples (kept only to merge rounds)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "samples"}
 
 
 def _summary(name: str, description: str, samples: list[float]) -> AgentResult:

@@ -159,7 +159,7 @@ class ManagedLoop:
         url = (target.decode("latin-1") if isinstance(target, bytes) else str(target)) + (f"?{query}" if query else "")
         try:
             response = await self._agent.request(scope["method"], url, relayed, body)
-        except (OSError, TimeoutError) as exc:
+        except OSError as exc:  # HttpTimeout and TimeoutError are OSErrors too
             raise AgentUnavailable(
                 f"agent on port {self._settings.agent_port} unreachable: {type(exc).__name__}"
             ) from exc

@@ -145,7 +145,7 @@ class MemoryClient:
             # The transport bounds the call (SESSIONMEM_PROXY_TIMEOUT_SECONDS): a timeout per call here
             # would arm and cancel a loop timer on every forwarded operation.
             response = await self._http.request(method, target, headers, body)
-        except (OSError, TimeoutError, UnicodeError) as exc:
+        except (OSError, UnicodeError) as exc:  # HttpTimeout is an OSError too
             raise BackendUnavailable(f"memory proxy unreachable: {type(exc).__name__}") from exc
         return MemoryResponse(
             status=response.status,
