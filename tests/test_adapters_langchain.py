@@ -16,9 +16,15 @@ from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables import RunnableLambda
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
-from sessionmem_client import AsyncMemoryClient, InvalidConversationId, MemoryClient, new_conversation_id
+from sessionmem_client import (
+    AsyncMemoryClient,
+    InvalidConversationId,
+    InvalidRequest,
+    MemoryClient,
+    new_conversation_id,
+)
 from sessionmem_client.langchain import SessionmemChatMessageHistory, message_to_entry
-from sessionmem_core import wire
+from sessionmem_core import env, wire
 from sessionmem_core.keys import Owner, session_key
 from sessionmem_launcher.server import Launcher
 from tests.support.valkey import ValkeyProcess
@@ -201,6 +207,17 @@ async def test_async_methods_fall_back_to_the_sync_client(launcher: Launcher, va
         assert stored(valkey_server, cid) == []
     finally:
         await asyncio.to_thread(memory.close)
+
+
+async def test_a_message_too_long_to_store_is_a_typed_error_and_nothing_of_the_batch_is_stored(
+    launcher: Launcher, valkey_server: ValkeyProcess
+) -> None:
+    cid = new_conversation_id()
+    async with AsyncMemoryClient(memory_url(launcher)) as memory:
+        history = SessionmemChatMessageHistory(cid, async_client=memory)
+        with pytest.raises(InvalidRequest, match="content"):
+            await history.aadd_messages([HumanMessage("fits"), AIMessage("x" * (env.MAX_CONTENT_CHARS + 1))])
+        assert stored(valkey_server, cid) == []
 
 
 def test_an_async_only_history_refuses_sync_calls_and_bad_ids_fail_early() -> None:

@@ -13,7 +13,7 @@ from agents.items import TResponseInputItem
 from agents.memory import Session, SessionSettings
 from agents.testing import ScriptedModel, assistant_message, function_call
 
-from sessionmem_client import AsyncMemoryClient, EntryLike, InvalidConversationId, new_conversation_id
+from sessionmem_client import AsyncMemoryClient, EntryLike, InvalidConversationId, InvalidRequest, new_conversation_id
 from sessionmem_client.openai_agents import SessionmemSession, item_to_entry
 from sessionmem_core import env, wire
 from sessionmem_core.keys import Owner, session_key
@@ -160,6 +160,20 @@ async def test_session_protocol_methods(launcher: Launcher, valkey_server: Valke
         await session.add_items([{"role": "user", "content": "only one"}])
         assert await session.pop_item() == {"role": "user", "content": "only one"}
         assert stored(valkey_server, cid) == []
+
+
+async def test_an_item_too_long_to_store_is_a_typed_error_and_nothing_of_the_batch_is_stored(
+    launcher: Launcher, valkey_server: ValkeyProcess
+) -> None:
+    cid = new_conversation_id()
+    async with AsyncMemoryClient(memory_url(launcher)) as memory:
+        session = SessionmemSession(cid, memory)
+        too_long: TResponseInputItem = {"role": "assistant", "content": "x" * (env.MAX_CONTENT_CHARS + 1)}
+        with pytest.raises(InvalidRequest, match="content"):
+            await session.add_items([{"role": "user", "content": "fits"}, too_long])
+        assert stored(valkey_server, cid) == []
+        await session.add_items([{"role": "user", "content": "x" * env.MAX_CONTENT_CHARS}])
+        assert [len(content) for _, content in stored(valkey_server, cid)] == [env.MAX_CONTENT_CHARS]
 
 
 class RacingClient(AsyncMemoryClient):

@@ -458,6 +458,57 @@ def test_the_adapters_window_read_checks_the_fields_it_keeps() -> None:
             assert type(bad.value) is SessionMemError and bad.value.status == 200
 
 
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [wire.EntryIn(role=Role.USER, content="hi")],
+        [wire.EntryIn(role=Role.ASSISTANT, content='quote " and \\ and caf\u00e9 \U0001f600', id="m-1")],
+        [
+            wire.EntryIn(role=role, content=f"{role} says", id=None if i % 2 else f"id-{i}")
+            for i, role in enumerate(Role)
+        ],
+    ],
+    ids=["one", "escapes and an id", "every role"],
+)
+def test_the_adapters_append_body_is_the_append_request_the_model_writes(entries: list[wire.EntryIn]) -> None:
+    from sessionmem_client._requests import entries_body
+
+    model_body = wire.AppendRequest(entries=entries).model_dump_json(exclude_none=True, by_alias=True)
+    assert orjson.loads(entries_body(entries)) == orjson.loads(model_body)
+
+
+def test_the_adapters_append_checks_only_the_status() -> None:
+    seen: list[httpx.Request] = []
+    answers = iter(
+        [
+            httpx.Response(200, json={"version": 3, "stored": 1, "duplicate": False, "scope": "session", "length": 3}),
+            httpx.Response(200, text="not even json: nothing of it is used"),
+            httpx.Response(400, json={"error": {"type": "invalid_request", "message": "content too long"}}),
+            httpx.Response(302, text=""),
+        ]
+    )
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return next(answers)
+
+    entries = [wire.EntryIn(role=Role.USER, content="hi", id="m1")]
+    with MemoryClient("http://memory.test", transport=httpx.MockTransport(answer)) as memory:
+        memory._append_batch("a?b", entries)
+        memory._append_batch("a?b", entries)
+        with pytest.raises(InvalidRequest, match="content too long"):
+            memory._append_batch("a?b", entries)
+        with pytest.raises(SessionMemError, match="unexpected answer") as redirect:
+            memory._append_batch("a?b", entries)
+        assert type(redirect.value) is SessionMemError and redirect.value.status == 302
+        with pytest.raises(InvalidConversationId):
+            memory._append_batch("a/b", entries)
+    assert len(seen) == 4, "a bad id is refused before the network"
+    assert seen[0].method == "POST" and seen[0].url.raw_path == b"/v1/conversations/a%3Fb/entries"
+    assert seen[0].headers["content-type"] == "application/json"
+    assert orjson.loads(seen[0].content) == {"entries": [{"role": "user", "content": "hi", "id": "m1"}]}
+
+
 def test_the_default_base_url_is_the_launcher_port(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(env.LAUNCHER_PORT, raising=False)
     assert default_base_url() == "http://127.0.0.1:2998"

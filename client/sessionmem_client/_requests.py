@@ -53,6 +53,15 @@ def _segment(conversation_id: str) -> str:
     return validate_conversation_id(conversation_id)
 
 
+def new_entry(role: wire.Role, content: str, entry_id: str | None = None) -> wire.EntryIn:
+    """An entry checked by the contract's model; one it refuses (content too long, ...) is
+    :class:`~sessionmem_core.errors.InvalidRequest`, as the server's answer to it would be."""
+    try:
+        return wire.EntryIn(role=role, content=content, id=entry_id)
+    except ValidationError as exc:
+        raise InvalidRequest(f"invalid entry: {_problems(exc)}") from exc
+
+
 def to_entries(entries: Iterable[EntryLike]) -> list[wire.EntryIn]:
     """Entries as wire models, checked here (role, content size, message id) before anything is sent."""
     if isinstance(entries, (str, bytes, Mapping, BaseModel)):
@@ -93,6 +102,19 @@ def _body(model: BaseModel) -> bytes:
     return model.model_dump_json(exclude_none=True, by_alias=True).encode()
 
 
+def entries_body(entries: Iterable[wire.EntryIn]) -> bytes:
+    """``{"entries": [...]}`` of entries already validated, as ``AppendRequest.model_dump_json`` writes it
+    (a test holds the two equal). The serializer and the request model around the entries cost more in an
+    agent's turn than the rest of its append: the framework adapters send their batches this way."""
+    encoded: list[dict[str, str]] = []
+    for entry in entries:
+        item = {"role": entry.role.value, "content": entry.content}
+        if entry.id is not None:
+            item["id"] = entry.id
+        encoded.append(item)
+    return orjson.dumps({"entries": encoded})
+
+
 @dataclass(frozen=True, slots=True)
 class Request(Generic[M]):
     """One memory API call, ready to send: the answer is decoded into ``model``."""
@@ -130,6 +152,14 @@ class Requests:
         except ValidationError as exc:
             raise InvalidRequest(f"invalid append: {_problems(exc)}") from exc
         return Request("POST", path, wire.AppendResponse, body=_body(body), traceparent=traceparent)
+
+    @staticmethod
+    def append_batch(conversation_id: str, entries: list[wire.EntryIn]) -> Request[wire.AppendResponse]:
+        """:meth:`append` for the framework adapters: ``entries`` are wire models already (validated when
+        they were made), and the adapters cut them into batches of ``MAX_ENTRIES_PER_APPEND``; an empty
+        or oversized batch is refused by the server, as any invalid append."""
+        path = api.entries_path(_segment(conversation_id))
+        return Request("POST", path, wire.AppendResponse, body=entries_body(entries))
 
     @staticmethod
     def replace(
@@ -270,6 +300,17 @@ def decode(request: Request[M], reply: Reply) -> M:
         )
         error.status = reply.status
         raise error from exc
+
+
+def check_stored(request: Request[Any], reply: Reply) -> None:
+    """A 2xx answer, of which the caller needs nothing more; a typed :class:`SessionMemError` otherwise.
+    (Building the answer's model cost ~50 µs of an agent's turn in the adapters, which drop it.)"""
+    if reply.status >= 400:
+        raise from_wire(reply.status, reply.body)
+    if not 200 <= reply.status < 300:
+        error = SessionMemError(f"unexpected answer to {request.method} {request.path} (HTTP {reply.status})")
+        error.status = reply.status
+        raise error
 
 
 class WindowEntry(TypedDict):

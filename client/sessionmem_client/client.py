@@ -21,6 +21,7 @@ from sessionmem_client._requests import (
     Request,
     Requests,
     WindowEntry,
+    check_stored,
     decode,
     decode_window,
     default_base_url,
@@ -100,6 +101,11 @@ class MemoryClient:
         """:meth:`read` for the framework adapters: the entries without the History model around them."""
         request = Requests.read(conversation_id, limit, summary, None)
         return decode_window(request, self._http.send(self._options, request))
+
+    def _append_batch(self, conversation_id: str, entries: list[wire.EntryIn]) -> None:
+        """:meth:`append` for the framework adapters: one batch of wire entries, nothing returned."""
+        request = Requests.append_batch(conversation_id, entries)
+        check_stored(request, self._http.send(self._options, request))
 
     # --- one conversation ---
 
@@ -252,6 +258,10 @@ class AsyncMemoryClient:
     async def _read_window(self, conversation_id: str, limit: int, summary: bool) -> list[WindowEntry]:
         request = Requests.read(conversation_id, limit, summary, None)
         return decode_window(request, await self._http.send(self._options, request))
+
+    async def _append_batch(self, conversation_id: str, entries: list[wire.EntryIn]) -> None:
+        request = Requests.append_batch(conversation_id, entries)
+        check_stored(request, await self._http.send(self._options, request))
 
     async def read(
         self,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sessionmem_client._requests import WindowEntry
+from sessionmem_client._requests import WindowEntry, new_entry
 from sessionmem_client.client import AsyncMemoryClient, MemoryClient
 from sessionmem_core import env, wire
 from sessionmem_core.ids import is_valid_id, validate_conversation_id
@@ -71,7 +71,8 @@ def _role(message: BaseMessage) -> wire.Role | None:
 
 
 def message_to_entry(message: BaseMessage) -> wire.EntryIn | None:
-    """The entry a message is stored as, or None for a message that is not stored (see the module doc)."""
+    """The entry a message is stored as, or None for a message that is not stored (see the module doc);
+    :class:`~sessionmem_core.errors.InvalidRequest` for a message the contract refuses (too long)."""
     role = _role(message)
     if role is None:
         return None
@@ -79,7 +80,7 @@ def message_to_entry(message: BaseMessage) -> wire.EntryIn | None:
     if not text:
         return None
     entry_id = message.id if message.id and is_valid_id(message.id) else None
-    return wire.EntryIn(role=role, content=text, id=entry_id)
+    return new_entry(role, text, entry_id)
 
 
 def entry_to_message(entry: wire.Entry) -> BaseMessage:
@@ -155,7 +156,7 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         for batch in _batches(messages):
-            self._sync().append(self.conversation_id, batch)
+            self._sync()._append_batch(self.conversation_id, batch)
 
     def clear(self) -> None:
         self._sync().delete(self.conversation_id)
@@ -170,7 +171,7 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
             await super().aadd_messages(messages)
             return
         for batch in _batches(messages):
-            await self._async_client.append(self.conversation_id, batch)
+            await self._async_client._append_batch(self.conversation_id, batch)
 
     async def aclear(self) -> None:
         if self._async_client is None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from sessionmem_client._requests import new_entry
 from sessionmem_client.client import AsyncMemoryClient
 from sessionmem_core import env, wire
 from sessionmem_core.errors import VersionConflict
@@ -87,7 +88,8 @@ def _text(content: object) -> str:
 
 
 def item_to_entry(item: TResponseInputItem | Mapping[str, Any]) -> wire.EntryIn | None:
-    """The entry an SDK item is stored as, or None for an item that is not stored (see the module doc)."""
+    """The entry an SDK item is stored as, or None for an item that is not stored (see the module doc);
+    :class:`~sessionmem_core.errors.InvalidRequest` for an item the contract refuses (too long)."""
     data = _as_mapping(item)
     if data is None or data.get("type", "message") != "message":
         return None
@@ -97,7 +99,7 @@ def item_to_entry(item: TResponseInputItem | Mapping[str, Any]) -> wire.EntryIn 
     text = _text(data.get("content"))
     if not text:
         return None
-    return wire.EntryIn(role=role, content=text)
+    return new_entry(role, text)
 
 
 def entry_to_item(entry: wire.Entry) -> TResponseInputItem:
@@ -150,7 +152,7 @@ class SessionmemSession:
         entries = [e for e in (item_to_entry(item) for item in items) if e is not None]
         size = env.MAX_ENTRIES_PER_APPEND
         for start in range(0, len(entries), size):
-            await self.client.append(self.session_id, entries[start : start + size])
+            await self.client._append_batch(self.session_id, entries[start : start + size])
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the newest item (None when the conversation is empty), conditionally on the
