@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, Generic, Literal, TypedDict, TypeVar, cast
+from typing import Any, Generic, Literal, Required, TypedDict, TypeVar, cast
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -102,17 +102,13 @@ def _body(model: BaseModel) -> bytes:
     return model.model_dump_json(exclude_none=True, by_alias=True).encode()
 
 
-def entries_body(entries: Iterable[wire.EntryIn]) -> bytes:
-    """``{"entries": [...]}`` of entries already validated, as ``AppendRequest.model_dump_json`` writes it
-    (a test holds the two equal). The serializer and the request model around the entries cost more in an
-    agent's turn than the rest of its append: the framework adapters send their batches this way."""
-    encoded: list[dict[str, str]] = []
-    for entry in entries:
-        item = {"role": entry.role.value, "content": entry.content}
-        if entry.id is not None:
-            item["id"] = entry.id
-        encoded.append(item)
-    return orjson.dumps({"entries": encoded})
+class EntryFields(TypedDict, total=False):
+    """An entry to append in its wire form (the fields of ``wire.EntryIn``), as the framework adapters
+    send their batches."""
+
+    role: Required[str]
+    content: Required[str]
+    id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,12 +150,14 @@ class Requests:
         return Request("POST", path, wire.AppendResponse, body=_body(body), traceparent=traceparent)
 
     @staticmethod
-    def append_batch(conversation_id: str, entries: list[wire.EntryIn]) -> Request[wire.AppendResponse]:
-        """:meth:`append` for the framework adapters: ``entries`` are wire models already (validated when
-        they were made), and the adapters cut them into batches of ``MAX_ENTRIES_PER_APPEND``; an empty
-        or oversized batch is refused by the server, as any invalid append."""
+    def append_batch(conversation_id: str, entries: list[EntryFields]) -> Request[wire.AppendResponse]:
+        """:meth:`append` for the framework adapters, whose turn it is on: their entries are checked by the
+        server, not here (the adapters make the role and the text themselves; the size limits are the
+        server's to enforce), so a refused entry comes back as the server's typed error and nothing of its
+        batch is stored. Made in place, ``EntryIn`` models and the request model around them cost ~50 µs
+        of a sequential agent's turn, ten times what they cost in a loop."""
         path = api.entries_path(_segment(conversation_id))
-        return Request("POST", path, wire.AppendResponse, body=entries_body(entries))
+        return Request("POST", path, wire.AppendResponse, body=orjson.dumps({"entries": entries}))
 
     @staticmethod
     def replace(

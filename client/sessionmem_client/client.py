@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Self
 from sessionmem_client._requests import (
     DEFAULT_TIMEOUT_SECONDS,
     CallOptions,
+    EntryFields,
     EntryLike,
     M,
     Request,
@@ -102,8 +103,8 @@ class MemoryClient:
         request = Requests.read(conversation_id, limit, summary, None)
         return decode_window(request, self._http.send(self._options, request))
 
-    def _append_batch(self, conversation_id: str, entries: list[wire.EntryIn]) -> None:
-        """:meth:`append` for the framework adapters: one batch of wire entries, nothing returned."""
+    def _append_batch(self, conversation_id: str, entries: list[EntryFields]) -> None:
+        """:meth:`append` for the framework adapters: one batch, checked by the server, nothing returned."""
         request = Requests.append_batch(conversation_id, entries)
         check_stored(request, self._http.send(self._options, request))
 
@@ -259,7 +260,7 @@ class AsyncMemoryClient:
         request = Requests.read(conversation_id, limit, summary, None)
         return decode_window(request, await self._http.send(self._options, request))
 
-    async def _append_batch(self, conversation_id: str, entries: list[wire.EntryIn]) -> None:
+    async def _append_batch(self, conversation_id: str, entries: list[EntryFields]) -> None:
         request = Requests.append_batch(conversation_id, entries)
         check_stored(request, await self._http.send(self._options, request))
 

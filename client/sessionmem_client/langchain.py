@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sessionmem_client._requests import WindowEntry, new_entry
+from sessionmem_client._requests import EntryFields, WindowEntry, new_entry
 from sessionmem_client.client import AsyncMemoryClient, MemoryClient
 from sessionmem_core import env, wire
 from sessionmem_core.ids import is_valid_id, validate_conversation_id
@@ -73,14 +73,19 @@ def _role(message: BaseMessage) -> wire.Role | None:
 def message_to_entry(message: BaseMessage) -> wire.EntryIn | None:
     """The entry a message is stored as, or None for a message that is not stored (see the module doc);
     :class:`~sessionmem_core.errors.InvalidRequest` for a message the contract refuses (too long)."""
+    stored = _stored_as(message)
+    return None if stored is None else new_entry(*stored)
+
+
+def _stored_as(message: BaseMessage) -> tuple[wire.Role, str, str | None] | None:
+    """The role, text and id a message is stored with, or None (what :func:`message_to_entry` maps)."""
     role = _role(message)
     if role is None:
         return None
     text = str(message.text)
     if not text:
         return None
-    entry_id = message.id if message.id and is_valid_id(message.id) else None
-    return new_entry(role, text, entry_id)
+    return role, text, message.id if message.id and is_valid_id(message.id) else None
 
 
 def entry_to_message(entry: wire.Entry) -> BaseMessage:
@@ -99,8 +104,17 @@ def _messages(window: list[WindowEntry]) -> list[BaseMessage]:
     return [_message(e["role"], e["content"], e["id"]) for e in window]
 
 
-def _batches(messages: Sequence[BaseMessage]) -> list[list[wire.EntryIn]]:
-    entries = [e for e in (message_to_entry(m) for m in messages) if e is not None]
+def _fields(role: wire.Role, text: str, entry_id: str | None) -> EntryFields:
+    fields: EntryFields = {"role": role.value, "content": text}
+    if entry_id is not None:
+        fields["id"] = entry_id
+    return fields
+
+
+def _batches(messages: Sequence[BaseMessage]) -> list[list[EntryFields]]:
+    """The appends of ``add_messages``, checked by the server: a message it refuses (too long) raises its
+    InvalidRequest, and nothing of that batch is stored."""
+    entries = [_fields(*stored) for stored in (_stored_as(m) for m in messages) if stored is not None]
     size = env.MAX_ENTRIES_PER_APPEND
     return [entries[i : i + size] for i in range(0, len(entries), size)]
 

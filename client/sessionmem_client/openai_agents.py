@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from sessionmem_client._requests import new_entry
+from sessionmem_client._requests import EntryFields, new_entry
 from sessionmem_client.client import AsyncMemoryClient
 from sessionmem_core import env, wire
 from sessionmem_core.errors import VersionConflict
@@ -90,6 +90,12 @@ def _text(content: object) -> str:
 def item_to_entry(item: TResponseInputItem | Mapping[str, Any]) -> wire.EntryIn | None:
     """The entry an SDK item is stored as, or None for an item that is not stored (see the module doc);
     :class:`~sessionmem_core.errors.InvalidRequest` for an item the contract refuses (too long)."""
+    stored = _stored_as(item)
+    return None if stored is None else new_entry(*stored)
+
+
+def _stored_as(item: object) -> tuple[wire.Role, str] | None:
+    """The role and text an item is stored with, or None (what :func:`item_to_entry` maps)."""
     data = _as_mapping(item)
     if data is None or data.get("type", "message") != "message":
         return None
@@ -99,7 +105,7 @@ def item_to_entry(item: TResponseInputItem | Mapping[str, Any]) -> wire.EntryIn 
     text = _text(data.get("content"))
     if not text:
         return None
-    return new_entry(role, text)
+    return role, text
 
 
 def entry_to_item(entry: wire.Entry) -> TResponseInputItem:
@@ -148,8 +154,13 @@ class SessionmemSession:
         return [entry_to_item(e) for e in entries]
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
-        """Store the message items of ``items`` (one atomic append per 64 entries); the rest is skipped."""
-        entries = [e for e in (item_to_entry(item) for item in items) if e is not None]
+        """Store the message items of ``items`` (one atomic append per 64 entries); the rest is skipped.
+        An item the server refuses (too long) raises its InvalidRequest, and nothing of its batch is stored."""
+        entries: list[EntryFields] = [
+            {"role": stored[0].value, "content": stored[1]}
+            for stored in (_stored_as(item) for item in items)
+            if stored is not None
+        ]
         size = env.MAX_ENTRIES_PER_APPEND
         for start in range(0, len(entries), size):
             await self.client._append_batch(self.session_id, entries[start : start + size])
