@@ -531,3 +531,25 @@ async def test_trace_context_reaches_the_launchers_spans(
     spans = span_exporter.get_finished_spans()
     assert [s.name for s in spans] == ["memory.get", "memory.search"]
     assert all(s.context is not None and s.context.trace_id == trace_id for s in spans)
+
+
+async def test_one_client_sends_each_calls_own_trace_context(
+    launcher: Launcher, span_exporter: InMemorySpanExporter
+) -> None:
+    # The lean transport keeps encoded headers between calls: a kept set must never carry another
+    # call's span, nor a span into a call made outside any.
+    cid = new_conversation_id()
+    tracer = TracerProvider().get_tracer("agent")
+    async with AsyncMemoryClient(memory_url(launcher)) as memory:
+        turn_ids = []
+        for _ in range(2):
+            with tracer.start_as_current_span("agent-turn") as current:
+                await memory.read(cid)
+                await memory.read(cid)
+            turn_ids.append(current.get_span_context().trace_id)
+        await memory.read(cid)
+    spans = span_exporter.get_finished_spans()
+    trace_ids = [s.context.trace_id for s in spans if s.context is not None]
+    assert len(trace_ids) == 5 and turn_ids[0] != turn_ids[1]
+    assert trace_ids[:4] == [turn_ids[0], turn_ids[0], turn_ids[1], turn_ids[1]]
+    assert trace_ids[4] not in turn_ids, "a call outside any span starts its own trace"

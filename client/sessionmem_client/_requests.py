@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, Generic, Literal, Required, TypedDict, TypeVar, cast
 
 import orjson
@@ -255,18 +255,25 @@ class CallOptions:
     def url(self, request: Request[Any]) -> str:
         return self.base_url.rstrip("/") + request.path
 
-    def headers(self, request: Request[Any]) -> dict[str, str]:
-        headers = {"accept": JSON_CONTENT_TYPE}
-        if request.body is not None:
-            headers["content-type"] = JSON_CONTENT_TYPE
-        if self.user_capability is not None:
-            headers[api.USER_CAPABILITY_HEADER] = self.user_capability
-        if request.if_match is not None:
-            headers[IF_MATCH_HEADER] = request.if_match
+    def traceparent_of(self, request: Request[Any]) -> str | None:
+        """The request's own traceparent, else the client's, else (when propagating) the active span's."""
         traceparent = request.traceparent or self.traceparent
         if traceparent is None and self.propagate_trace_context:
             traceparent = current_traceparent()
-        if traceparent:
+        return traceparent or None
+
+    def headers(self, request: Request[Any]) -> dict[str, str]:
+        return self.header_fields(request.body is not None, request.if_match, self.traceparent_of(request))
+
+    def header_fields(self, has_body: bool, if_match: str | None, traceparent: str | None) -> dict[str, str]:
+        headers = {"accept": JSON_CONTENT_TYPE}
+        if has_body:
+            headers["content-type"] = JSON_CONTENT_TYPE
+        if self.user_capability is not None:
+            headers[api.USER_CAPABILITY_HEADER] = self.user_capability
+        if if_match is not None:
+            headers[IF_MATCH_HEADER] = if_match
+        if traceparent is not None:
             headers[api.TRACEPARENT_HEADER] = traceparent
         return headers
 
@@ -309,6 +316,14 @@ def check_stored(request: Request[Any], reply: Reply) -> None:
         error = SessionMemError(f"unexpected answer to {request.method} {request.path} (HTTP {reply.status})")
         error.status = reply.status
         raise error
+
+
+@lru_cache(maxsize=1024)
+def window_read(conversation_id: str, limit: int, summary: bool) -> Request[wire.History]:
+    """:meth:`Requests.read` of an adapter's window, kept (a request is immutable): an adapter reads the
+    same window of the same conversation every turn, and building it again cost ~15 µs of the turn in
+    place (3 µs in a loop). A request the contract refuses raises every time; errors are not cached."""
+    return Requests.read(conversation_id, limit, summary, None)
 
 
 class WindowEntry(TypedDict):

@@ -27,6 +27,7 @@ from sessionmem_client._requests import (
     decode_window,
     default_base_url,
     exchange_entries,
+    window_read,
 )
 from sessionmem_client._transport import AsyncTransport, SyncTransport, async_transport, sync_transport
 from sessionmem_core import env, wire
@@ -100,7 +101,7 @@ class MemoryClient:
 
     def _read_window(self, conversation_id: str, limit: int, summary: bool) -> list[WindowEntry]:
         """:meth:`read` for the framework adapters: the entries without the History model around them."""
-        request = Requests.read(conversation_id, limit, summary, None)
+        request = window_read(conversation_id, limit, summary)
         return decode_window(request, self._http.send(self._options, request))
 
     def _append_batch(self, conversation_id: str, entries: list[EntryFields]) -> None:
@@ -257,7 +258,7 @@ class AsyncMemoryClient:
         return decode(request, await self._http.send(self._options, request))
 
     async def _read_window(self, conversation_id: str, limit: int, summary: bool) -> list[WindowEntry]:
-        request = Requests.read(conversation_id, limit, summary, None)
+        request = window_read(conversation_id, limit, summary)
         return decode_window(request, await self._http.send(self._options, request))
 
     async def _append_batch(self, conversation_id: str, entries: list[EntryFields]) -> None:
