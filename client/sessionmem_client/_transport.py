@@ -9,7 +9,6 @@ imported only then.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sessionmem_client._requests import CallOptions, Reply, Request, unreachable
@@ -22,19 +21,18 @@ if TYPE_CHECKING:
 
 
 def _target(request: Request[Any]) -> str:
-    return _query_target(request.path, request.params) if request.params else request.path
-
-
-@lru_cache(maxsize=256)
-def _query_target(path: str, params: tuple[tuple[str, str], ...]) -> str:
-    return f"{path}?{query_string(params)}"
+    if not request.params:
+        return request.path
+    return f"{request.path}?{query_string(request.params)}"
 
 
 class _HeaderBytes:
-    """The encoded headers of a lean transport's requests, kept per client: a client sends the same few
-    requests over and over (every agent turn reads the same window and appends to the same conversation),
-    and building the pairs afresh cost ~10 µs per call in place. Per client, not process-wide, so a user
-    capability goes with the client that carried it; bounded, as each distinct traceparent is a key."""
+    """The encoded headers of a lean transport's requests, kept: a client sends the same few requests over
+    and over (every agent turn reads the same window and appends to the same conversation), and building
+    the pairs afresh cost ~10 µs per call in place. Kept per transport (a client and the
+    ``with_user_capability`` clones that share its pool), not process-wide, so a user capability goes with
+    the clients that carried it; keyed by the options, so each clone sends its own; bounded, as each
+    distinct traceparent is a key."""
 
     __slots__ = ("_kept",)
     _MAX_KEPT = 64
