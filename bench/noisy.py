@@ -1,0 +1,248 @@
+"""The noisy neighbour: a well-behaved tenant's read latency while another tenant misbehaves on the same proxy.
+
+The victim (one agent) reads the last 40 entries of its conversations on one keep-alive connection, one
+request at a time, as an agent's turns do. It is measured twice for the same time: on a quiet proxy, and
+while a second agent, in a process of its own, runs big exports of a huge conversation, appends of the
+largest body the proxy accepts, and a burst of reads at ten times the victim's own rate. The figure is the
+victim's p99 under noise as a ratio of its quiet p99; the report also gives what the noisy tenant was
+answered (its 429s and 507s are the quotas doing their work).
+
+``python -m bench.noisy`` runs it on its own (the proxy and a valkey-server of its own, then prints the
+figures); ``make bench`` runs it as the ``noisy`` section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from bench.procs import REPO, HttpService, Valkey, base_env, free_port
+from sessionmem_core import api, env
+from sessionmem_proxy.identity import dev_token
+
+VICTIM = ("bench", "victim")
+NOISY = ("bench", "noisy")
+VICTIM_CONVERSATIONS = 8
+VICTIM_ENTRIES = 40
+HUGE_ENTRIES = 500
+HUGE_ENTRY_CHARS = 48 * 1024  # 500 of these: a ~24 MiB conversation to export
+EXPORTERS = 3
+APPENDERS = 2
+BURST_FACTOR = 10
+
+
+@dataclass
+class VictimRun:
+    requests: int
+    errors: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    rps: float
+
+
+@dataclass
+class NoisyResult:
+    quiet: VictimRun
+    noisy: VictimRun
+    p99_ratio: float
+    noisy_answers: dict[str, int] = field(default_factory=dict)
+    proxy_workers: int = 2
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _authorization(owner: tuple[str, str]) -> str:
+    return f"Bearer {dev_token(*owner)}"
+
+
+def _request(
+    conn: http.client.HTTPConnection, method: str, path: str, owner: tuple[str, str], body: bytes | None = None
+) -> tuple[int, bytes]:
+    headers = {"authorization": _authorization(owner)}
+    if body is not None:
+        headers["content-type"] = "application/json"
+    conn.request(method, path, body=body, headers=headers)
+    response = conn.getresponse()
+    return response.status, response.read()
+
+
+def _append_body(count: int, chars: int) -> bytes:
+    entries = [{"role": "user" if i % 2 == 0 else "assistant", "content": "x" * chars} for i in range(count)]
+    return orjson.dumps({"entries": entries})
+
+
+def seed(port: int) -> None:
+    """The victim's conversations (40 short entries each) and the noisy tenant's huge one."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        short = _append_body(VICTIM_ENTRIES, 300)
+        for i in range(VICTIM_CONVERSATIONS):
+            status, answer = _request(conn, "POST", api.entries_path(f"victim-{i}"), VICTIM, short)
+            if status != 200:
+                raise RuntimeError(f"seeding the victim failed: {status} {answer[:200]!r}")
+        per_append = max(1, (env.MAX_BODY_BYTES - 4096) // (HUGE_ENTRY_CHARS + 64))
+        remaining = HUGE_ENTRIES
+        while remaining > 0:
+            batch = min(per_append, remaining)
+            status, answer = _request(
+                conn, "POST", api.entries_path("huge"), NOISY, _append_body(batch, HUGE_ENTRY_CHARS)
+            )
+            if status != 200:
+                raise RuntimeError(f"seeding the huge conversation failed: {status} {answer[:200]!r}")
+            remaining -= batch
+    finally:
+        conn.close()
+
+
+def measure_victim(port: int, seconds: float) -> VictimRun:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    paths = [f"{api.entries_path(f'victim-{i}')}?limit={VICTIM_ENTRIES}" for i in range(VICTIM_CONVERSATIONS)]
+    latencies: list[float] = []
+    errors = 0
+    began = time.perf_counter()
+    deadline = began + seconds
+    i = 0
+    try:
+        while time.perf_counter() < deadline:
+            sent = time.perf_counter()
+            try:
+                status, _ = _request(conn, "GET", paths[i % len(paths)], VICTIM)
+            except (OSError, http.client.HTTPException):
+                status = 0
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            latencies.append((time.perf_counter() - sent) * 1000.0)
+            errors += status != 200
+            i += 1
+    finally:
+        conn.close()
+    elapsed = time.perf_counter() - began
+    ordered = sorted(latencies)
+    return VictimRun(
+        requests=len(latencies),
+        errors=errors,
+        p50_ms=round(statistics.median(ordered), 3),
+        p99_ms=round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 3),
+        max_ms=round(ordered[-1], 3),
+        rps=round(len(latencies) / elapsed, 1),
+    )
+
+
+def hammer(port: int, seconds: float, burst_rps: float) -> dict[str, int]:
+    """The noisy tenant: exports, maximal appends and a read burst, each on connections of its own, until
+    ``seconds`` have passed. Returns how it was answered, by kind and status."""
+    answers: Counter[str] = Counter()
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+    big_body = _append_body(env.MAX_ENTRIES_PER_APPEND, (env.MAX_BODY_BYTES - 8192) // env.MAX_ENTRIES_PER_APPEND - 40)
+
+    def loop(kind: str, method: str, path_of: Any, body: bytes | None, pause: float) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        n = 0
+        while time.monotonic() < deadline:
+            try:
+                status, _ = _request(conn, method, path_of(n), NOISY, body)
+            except (OSError, http.client.HTTPException):
+                status = 0
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            with lock:
+                answers[f"{kind} {status}"] += 1
+            n += 1
+            if pause:
+                time.sleep(pause)
+        conn.close()
+
+    threads = [
+        threading.Thread(target=loop, args=("export", "GET", lambda n: api.export_path("huge"), None, 0))
+        for _ in range(EXPORTERS)
+    ]
+    threads += [
+        threading.Thread(
+            target=loop, args=("append", "POST", lambda n, t=t: api.entries_path(f"big-{t}-{n}"), big_body, 0)
+        )
+        for t in range(APPENDERS)
+    ]
+    burst_path = f"{api.entries_path('huge')}?limit={VICTIM_ENTRIES}"
+    threads.append(
+        threading.Thread(target=loop, args=("burst", "GET", lambda n: burst_path, None, 1.0 / max(burst_rps, 1.0)))
+    )
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return dict(answers)
+
+
+def run(valkey_url: str, seconds: float, workers: int = 2) -> NoisyResult:
+    port = free_port()
+    proxy_env = {
+        env.AUTH_MODE: "dev",
+        env.VALKEY_URL: valkey_url,
+        env.PROXY_HOST: "127.0.0.1",
+        env.PROXY_PORT: str(port),
+    }
+    argv = [sys.executable, "-m", "sessionmem_proxy", "--workers", str(workers)]
+    svc = HttpService(f"proxy-w{workers}", argv, proxy_env, port)
+    svc.start()
+    try:
+        seed(port)
+        measure_victim(port, min(1.0, seconds / 3))  # warm-up
+        quiet = measure_victim(port, seconds)
+        noisy_proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.noisy", "hammer", "--port", str(port), "--seconds", str(seconds + 1.0),
+             "--burst-rps", str(quiet.rps * BURST_FACTOR)],
+            cwd=REPO, env=base_env({}), stdout=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            time.sleep(0.5)  # the noise is under way before the victim is measured again
+            noisy = measure_victim(port, seconds)
+            out, _ = noisy_proc.communicate(timeout=seconds + 90)
+        finally:
+            if noisy_proc.poll() is None:
+                noisy_proc.kill()
+                noisy_proc.wait()
+        answers = json.loads(out or b"{}")
+    finally:
+        svc.stop()
+    ratio = noisy.p99_ms / quiet.p99_ms if quiet.p99_ms else float("inf")
+    return NoisyResult(quiet, noisy, round(ratio, 2), answers, workers)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command")
+    hammer_args = sub.add_parser("hammer", help="be the noisy tenant (used by the benchmark itself)")
+    hammer_args.add_argument("--port", type=int, required=True)
+    hammer_args.add_argument("--seconds", type=float, required=True)
+    hammer_args.add_argument("--burst-rps", type=float, required=True)
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds, quiet and noisy each")
+    parser.add_argument("--workers", type=int, default=2, help="proxy worker processes")
+    args = parser.parse_args()
+    if args.command == "hammer":
+        print(json.dumps(hammer(args.port, args.seconds, args.burst_rps)), flush=True)
+        return
+    valkey = Valkey()
+    valkey.start()
+    try:
+        result = run(valkey.url, args.seconds, args.workers)
+    finally:
+        valkey.stop()
+    print(json.dumps(result.as_json(), indent=2))
+
+
+if __name__ == "__main__":
+    main()
