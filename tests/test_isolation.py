@@ -73,6 +73,26 @@ def test_users_on_the_same_conversation_see_disjoint_histories(
     assert not any("alice" in k or "bob" in k for k in keys), "user ids never become part of a key"
 
 
+def test_the_proxy_refuses_long_lived_and_non_ascii_capabilities(
+    per_user_proxy: ServiceProcess, capability_key: bytes
+) -> None:
+    """A capability minted for an hour is refused by the proxy's own maximum; a non-ASCII header value is a
+    typed 401, never a 500."""
+    hour = mint_capability(capability_key, "alice", AGENT_A, 3600)
+    fifteen_minutes = mint_capability(capability_key, "alice", AGENT_A, 900)
+    with httpx.Client(base_url=per_user_proxy.base_url) as client:
+
+        def read(capability: bytes) -> httpx.Response:
+            headers = {"X-Sessionmem-User-Capability": capability, **{k: v.encode() for k, v in auth(AGENT_A).items()}}
+            return client.get("/v1/conversations/c1/entries", headers=headers)
+
+        assert read(fifteen_minutes.encode()).status_code == 200
+        too_long = read(hour.encode())
+        assert too_long.status_code == 401 and "longer than this proxy allows" in too_long.json()["error"]["message"]
+        non_ascii = read(fifteen_minutes.encode() + "é".encode("latin-1"))
+        assert non_ascii.status_code == 401 and non_ascii.json()["error"]["type"] == "unauthenticated"
+
+
 _printable = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=140)
 _ids = st.one_of(_printable, st.text(alphabet=string.ascii_letters + string.digits + "-_.~", min_size=1, max_size=130))
 

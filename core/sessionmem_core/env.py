@@ -67,6 +67,11 @@ PROXY_PORT = "SESSIONMEM_PROXY_PORT"
 VALKEY_TIMEOUT_SECONDS = "SESSIONMEM_VALKEY_TIMEOUT_SECONDS"
 # The shared key that verifies users' run capabilities (mounted from a Secret); unset: perUser is refused.
 CAPABILITY_KEY_FILE = "SESSIONMEM_CAPABILITY_KEY_FILE"
+# Signing keys rotate; buckets must not: a separate key derives them (unset: the single signing key does).
+CAPABILITY_BUCKET_KEY_FILE = "SESSIONMEM_CAPABILITY_BUCKET_KEY_FILE"
+# Longest lifetime (exp - iat) of a user capability the proxy accepts, whatever the minting side chose.
+CAPABILITY_MAX_LIFETIME_SECONDS = "SESSIONMEM_CAPABILITY_MAX_LIFETIME_SECONDS"
+DEFAULT_CAPABILITY_MAX_LIFETIME_SECONDS = 15 * 60
 # Out-of-cluster API server access for TokenReview (tests, local runs); in a pod the in-cluster config is used.
 KUBE_API_SERVER = "SESSIONMEM_KUBE_API_SERVER"
 KUBE_CA_FILE = "SESSIONMEM_KUBE_CA_FILE"
@@ -218,6 +223,8 @@ class ProxySettings:
     port: int
     valkey_timeout_seconds: float
     capability_key_file: str | None
+    capability_bucket_key_file: str | None
+    capability_max_lifetime_seconds: int
     kube_api_server: str | None
     kube_ca_file: str | None
     kube_token_file: str | None
@@ -239,6 +246,10 @@ class ProxySettings:
             port=_int(env, PROXY_PORT, 8000, 0, 65535),
             valkey_timeout_seconds=_float(env, VALKEY_TIMEOUT_SECONDS, 1.0),
             capability_key_file=env.get(CAPABILITY_KEY_FILE) or None,
+            capability_bucket_key_file=env.get(CAPABILITY_BUCKET_KEY_FILE) or None,
+            capability_max_lifetime_seconds=_int(
+                env, CAPABILITY_MAX_LIFETIME_SECONDS, DEFAULT_CAPABILITY_MAX_LIFETIME_SECONDS, 1, 24 * 3600
+            ),
             kube_api_server=env.get(KUBE_API_SERVER) or None,
             kube_ca_file=env.get(KUBE_CA_FILE) or None,
             kube_token_file=env.get(KUBE_TOKEN_FILE) or None,

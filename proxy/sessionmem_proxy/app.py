@@ -16,6 +16,7 @@ from opentelemetry.trace import TracerProvider
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sessionmem_core import api, env, wire
+from sessionmem_core.capability import Keyring
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import InvalidRequest, SessionMemError, error_body
 from sessionmem_core.ids import validate_conversation_id
@@ -94,14 +95,20 @@ def create_app(
         kube_http = api.client()
         authenticator = TokenReviewAuthenticator(kube_http, api, settings.audience)
         membership = membership or KubeRegistryMembership(kube_http, api.bearer, settings.membership_cache_seconds)
-    capability_key = (
-        pathlib.Path(settings.capability_key_file).read_bytes().strip() if settings.capability_key_file else None
+    keyring = (
+        Keyring.load(
+            pathlib.Path(settings.capability_key_file),
+            pathlib.Path(settings.capability_bucket_key_file) if settings.capability_bucket_key_file else None,
+            settings.capability_max_lifetime_seconds,
+        )
+        if settings.capability_key_file
+        else None
     )
     ctx = ProxyContext(
         settings=settings,
         store=store,
         authenticator=authenticator,
-        keys=KeyResolver(membership, capability_key),
+        keys=KeyResolver(membership, keyring),
         redaction=Redaction.from_json(settings.redact_patterns),
         tracer=MemoryTracer(tracer_provider or tracer_provider_from_env("sessionmem-proxy"), "proxy"),
         metrics=ProxyMetrics(),

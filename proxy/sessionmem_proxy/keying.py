@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sessionmem_core.capability import user_bucket, verify_capability
+from sessionmem_core.capability import Keyring, user_bucket, verify_capability
 from sessionmem_core.errors import InvalidRequest, Unauthenticated
 from sessionmem_core.ids import validate_conversation_id
 from sessionmem_core.keys import Scope, per_user_prefix, session_prefix, shared_prefix
@@ -11,9 +11,9 @@ from sessionmem_proxy.membership import Membership
 
 
 class KeyResolver:
-    def __init__(self, membership: Membership | None = None, capability_key: bytes | None = None) -> None:
+    def __init__(self, membership: Membership | None = None, keyring: Keyring | None = None) -> None:
         self._membership = membership
-        self._capability_key = capability_key
+        self._keyring = keyring
 
     async def resolve_prefix(
         self, identity: AgentIdentity, requested: Scope, user_capability: str | None
@@ -38,10 +38,10 @@ class KeyResolver:
     def user_prefix(self, identity: AgentIdentity, user_capability: str | None) -> str:
         if user_capability is None:
             raise InvalidRequest("this operation needs the end user's capability")
-        if self._capability_key is None:
+        if self._keyring is None:
             raise Unauthenticated("this proxy has no capability key: per-user memory is not enabled")
-        subject = verify_capability(self._capability_key, user_capability, identity.owner)
-        return per_user_prefix(identity.owner, user_bucket(self._capability_key, identity.owner, subject))
+        subject = verify_capability(self._keyring, user_capability, identity.owner)
+        return per_user_prefix(identity.owner, user_bucket(self._keyring, identity.owner, subject))
 
     async def resolve(
         self, identity: AgentIdentity, requested: Scope, conversation_id: str, user_capability: str | None
