@@ -235,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "agents": results.agents,
         "launcher": results.launcher,
         "services": results.services,
+        "noisy": results.noisy,
         "payload": results.payload,
         "notes": results.notes,
     }

@@ -1,11 +1,11 @@
 """The noisy neighbour: a well-behaved tenant's read latency while another tenant misbehaves on the same proxy.
 
 The victim (one agent) reads the last 40 entries of its conversations on one keep-alive connection, one
-request at a time, as an agent's turns do. It is measured twice for the same time: on a quiet proxy, and
-while a second agent, in a process of its own, runs big exports of a huge conversation, appends of the
-largest body the proxy accepts, and a burst of reads at ten times the victim's own rate. The figure is the
-victim's p99 under noise as a ratio of its quiet p99; the report also gives what the noisy tenant was
-answered (its 429s and 507s are the quotas doing their work).
+request at a time and paced at a rate a busy agent's turns reach, well inside its quota. It is measured twice
+for the same time: on a quiet proxy, and while a second agent, in a process of its own, runs big exports of a
+huge conversation, appends of the largest body the proxy accepts, and a burst of reads at ten times the
+victim's own rate. The figure is the victim's p99 under noise as a ratio of its quiet p99; the report also
+gives what the noisy tenant was answered (its 429s and 507s are the quotas doing their work).
 
 ``python -m bench.noisy`` runs it on its own (the proxy and a valkey-server of its own, then prints the
 figures); ``make bench`` runs it as the ``noisy`` section.
@@ -40,6 +40,7 @@ HUGE_ENTRY_CHARS = 48 * 1024  # 500 of these: a ~24 MiB conversation to export
 EXPORTERS = 3
 APPENDERS = 2
 BURST_FACTOR = 10
+VICTIM_RPS = 100.0
 
 
 @dataclass
@@ -115,8 +116,12 @@ def measure_victim(port: int, seconds: float) -> VictimRun:
     began = time.perf_counter()
     deadline = began + seconds
     i = 0
+    interval = 1.0 / VICTIM_RPS
     try:
         while time.perf_counter() < deadline:
+            pause = began + i * interval - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
             sent = time.perf_counter()
             try:
                 status, _ = _request(conn, "GET", paths[i % len(paths)], VICTIM)
@@ -204,7 +209,7 @@ def run(valkey_url: str, seconds: float, workers: int = 2) -> NoisyResult:
         quiet = measure_victim(port, seconds)
         noisy_proc = subprocess.Popen(
             [sys.executable, "-m", "bench.noisy", "hammer", "--port", str(port), "--seconds", str(seconds + 1.0),
-             "--burst-rps", str(quiet.rps * BURST_FACTOR)],
+             "--burst-rps", str(VICTIM_RPS * BURST_FACTOR)],
             cwd=REPO, env=base_env({}), stdout=subprocess.PIPE,
         )  # fmt: skip
         try:

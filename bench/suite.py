@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import agents, data, report, valkey_ceiling
+from bench import agents, data, noisy, report, valkey_ceiling
 from bench.load import Load, LoadResult, run_load
 from bench.procs import (
     HttpService,
@@ -50,6 +50,7 @@ class Settings:
     full_path_proxy_workers: int = 2
     connections: int = 64
     valkey_clients: int = 50
+    noisy_seconds: float = 5.0
     sections: frozenset[str] = frozenset()  # empty: all
 
 
@@ -60,11 +61,12 @@ class Results:
     agents: dict[str, dict[str, Any]] = field(default_factory=dict)
     launcher: dict[str, Any] = field(default_factory=dict)
     services: dict[str, dict[str, Any]] = field(default_factory=dict)
+    noisy: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     payload: dict[str, Any] = field(default_factory=dict)
 
 
-SECTIONS = ("valkey", "hello", "proxy", "history", "full", "agents", "startup")
+SECTIONS = ("valkey", "hello", "proxy", "history", "full", "agents", "startup", "noisy")
 
 
 class Suite:
@@ -193,7 +195,25 @@ class Suite:
             needs_two = self.wanted("proxy") or self.wanted("full") or self.wanted("agents") or self.wanted("startup")
             if needs_two:
                 self.proxy_two_workers_and_beyond()
+            if self.wanted("noisy"):
+                self.noisy_neighbour()
         return self.r
+
+    def noisy_neighbour(self) -> None:
+        assert self.valkey is not None
+        self.log("noisy neighbour: a victim's read p99, quiet and while another agent misbehaves (2 workers)")
+        self._wait_quiet()
+        try:
+            result = noisy.run(self.valkey.url, self.s.noisy_seconds, workers=2)
+        except RuntimeError as exc:
+            self.r.notes.append(f"noisy neighbour not measured: {str(exc)[:300]}")
+            self.log(f"  FAILED: {str(exc)[-800:]}")
+            return
+        self.r.noisy = result.as_json()
+        self.log(
+            f"  victim p99 {result.quiet.p99_ms:.3f} ms quiet, {result.noisy.p99_ms:.3f} ms noisy "
+            f"({result.p99_ratio:.2f}x); noisy tenant answered {result.noisy_answers}"
+        )
 
     def _seed(self) -> None:
         assert self.valkey is not None
