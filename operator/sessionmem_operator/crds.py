@@ -15,9 +15,10 @@ from typing import Any
 import yaml
 
 from sessionmem_core import env, kube
+from sessionmem_core.api import BUILTIN_REDACTORS
 from sessionmem_core.ids import DNS_LABEL_MAX
 from sessionmem_core.keys import Scope
-from sessionmem_operator.spec import BUILTIN_REDACTORS, BUILTIN_SUMMARIZER, DEFAULT_TOKEN_COUNTER
+from sessionmem_operator.spec import BUILTIN_SUMMARIZER, DEFAULT_TOKEN_COUNTER
 
 Schema = dict[str, Any]
 
@@ -124,6 +125,34 @@ def _conditions() -> Schema:
     )
 
 
+def _quota_schema() -> Schema:
+    return obj(
+        "Per-agent limits the state-layer proxy enforces for this agent, overriding the chart's defaults "
+        "(proxy.quota). Over a storage quota a write is refused with 507, over the request rate a call is "
+        "refused with 429; only this agent is affected. Unset fields keep the chart's defaults.",
+        {
+            "maxConversations": integer(
+                "How many conversations this agent may hold at once (a write that would start one more is "
+                f"refused). Chart default: {env.DEFAULT_QUOTA_CONVERSATIONS}.",
+                minimum=1,
+                format="int64",
+            ),
+            "maxBytes": integer(
+                "How many bytes of stored conversation this agent may hold in total. Chart default: "
+                f"{env.DEFAULT_QUOTA_BYTES} ({env.DEFAULT_QUOTA_BYTES // (1024 * 1024)} MiB).",
+                minimum=1,
+                format="int64",
+            ),
+            "requestsPerSecond": integer(
+                "Sustained memory calls per second this agent may make (the proxy allows short bursts above "
+                f"it, up to the chart's proxy.quota.burst). Chart default: {env.DEFAULT_QUOTA_REQUESTS_PER_SECOND}.",
+                minimum=1,
+                format="int64",
+            ),
+        },
+    )
+
+
 def _memory_schema() -> Schema:
     scopes = [scope.value for scope in Scope]
     return obj(
@@ -146,8 +175,9 @@ def _memory_schema() -> Schema:
                 default=False,
             ),
             "backend": obj(
-                "Where conversations are stored when the operator is configured without a state-layer proxy "
-                "(direct mode). With a proxy configured the proxy owns the backend and this is ignored.",
+                "Deprecated and ignored: the launcher always reaches memory through the state-layer proxy, "
+                "which owns the backend (the chart's valkey or externalValkey). When set, MemoryReady carries "
+                "the reason BackendAddrIgnored and a Warning Event says so.",
                 {
                     "addr": string(
                         "Valkey address as host:port (a DNS name, an IPv4 address or a bracketed IPv6 address).",
@@ -213,9 +243,10 @@ def _memory_schema() -> Schema:
             "redact": array(
                 "Redactors the proxy applies to every message before anything is stored (what is replayed, "
                 f"exported or summarised is the redacted text): built-in {', '.join(BUILTIN_REDACTORS)}, or a "
-                "name the proxy's SESSIONMEM_REDACT_PATTERNS defines (a write naming an unknown redactor is "
-                "refused, so nothing is stored unredacted; in direct mode only the built-in ones exist). "
-                "Empty or unset: nothing is redacted.",
+                "name the proxy's SESSIONMEM_REDACT_PATTERNS defines (the chart value proxy.redactPatterns). A "
+                "write naming an unknown redactor is refused, so nothing is stored unredacted; the operator "
+                "reports such a name as MemoryReady=False, reason UnknownRedactor. Empty or unset: nothing is "
+                "redacted.",
                 string(
                     "A redactor name: lowercase letters, digits and '-', starting with a letter, at most 32.",
                     pattern=REDACTOR_PATTERN,
@@ -224,6 +255,7 @@ def _memory_schema() -> Schema:
                 maxItems=MAX_REDACTORS,
                 **{"x-kubernetes-list-type": "set"},
             ),
+            "quota": _quota_schema(),
             "summary": obj(
                 "Rolling summary (session scope only): when a conversation holds more than threshold entries, the "
                 "launcher folds everything older than the replay window into one summary entry, in the "

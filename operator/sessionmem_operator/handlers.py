@@ -67,7 +67,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, logger: Logger, *
     config = OperatorConfig.load()
     apply_settings(settings, config)
     memo["runtime"] = Runtime(config=config, kube=await KubeApi.connect(), post_warning=_post_warning)
-    mode = f"via proxy {config.proxy_url}" if config.proxy_url else "direct to Valkey (no proxy configured)"
+    mode = f"via proxy {config.proxy_url}" if config.proxy_url else "off (no proxy URL configured)"
     logger.info("sessionmem operator: launcher %s, memory %s", config.launcher_image, mode)
 
 

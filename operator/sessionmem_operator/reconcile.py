@@ -108,14 +108,15 @@ async def _remove_stale(runtime: Runtime, agent: AgentSpec, stale: Iterable[Obje
 def _post_warning_on_transition(
     runtime: Runtime, body: Mapping[str, Any], previous: Mapping[str, Any], resolution: MemoryResolution
 ) -> None:
-    """A Warning Event when the wiring falls short of the request, once per transition (a resync or a
-    restart does not repeat it)."""
+    """A Warning Event per finding when the wiring falls short of the request, once per change of the
+    MemoryReady condition (a resync or a restart does not repeat them)."""
     if not resolution.warning:
         return
     old = condition_of(previous, MEMORY_READY)
-    if old is not None and old.get("reason") == resolution.reason.value:
+    if old is not None and old.get("reason") == resolution.reason.value and old.get("message") == resolution.message:
         return
-    runtime.post_warning(body, resolution.reason.value, resolution.message)
+    for finding in resolution.findings:
+        runtime.post_warning(body, finding.reason.value, finding.message)
 
 
 async def _write_status(
