@@ -94,6 +94,27 @@ async def agent_deployment(*, namespace: str | None, name: str, memo: Any, logge
         raise _retry(exc) from exc
 
 
+@kopf.daemon(*AGENTS, cancellation_timeout=5.0)
+async def resync(
+    *, namespace: str | None, name: str, memo: Any, logger: Logger, stopped: kopf.DaemonStopped, **kwargs: Any
+) -> None:
+    """Re-apply each AgentDeployment every resyncSeconds, so drift (a deleted ServiceAccount, a hand-edited
+    child) is repaired without waiting for a change to the AgentDeployment. A reconcile with nothing to
+    repair writes nothing new: the applies are no-ops and the status is unchanged."""
+    assert namespace is not None
+    while not stopped:
+        runtime = memo.get("runtime")
+        period = runtime.config.resync_seconds if isinstance(runtime, Runtime) else RETRY_DELAY
+        await stopped.wait(period)
+        if stopped or not isinstance(runtime, Runtime):
+            continue
+        try:
+            await reconcile.reconcile_agent(runtime, namespace, name, _index(kwargs), logger)
+        except ReconcileError as exc:
+            # The create/update handler owns retries; the next period brings another try anyway.
+            logger.warning("resync of %s/%s failed: %s", namespace, name, exc)
+
+
 @kopf.on.event("serving.knative.dev", "v1", "services", labels=OWNED)
 @kopf.on.event("apps", "v1", "deployments", labels=OWNED)
 async def workload(*, type: str | None, body: kopf.Body, memo: Any, logger: Logger, **kwargs: Any) -> None:

@@ -13,14 +13,14 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sessionmem_core import kube
 from sessionmem_operator import kubeapi, registry
 from sessionmem_operator.config import OperatorConfig
 from sessionmem_operator.kubeapi import KubeApi, kind_of
-from sessionmem_operator.render import ObjectRef, render
+from sessionmem_operator.render import KNATIVE_SERVICE_KIND, ObjectRef, render
 from sessionmem_operator.spec import AgentSpec, SpecError, parse_agent
 from sessionmem_operator.status import (
     MEMORY_READY,
@@ -34,7 +34,7 @@ from sessionmem_operator.status import (
     workload_state,
     workload_status,
 )
-from sessionmem_operator.wiring import MemoryResolution, resolve_memory
+from sessionmem_operator.wiring import MemoryReason, MemoryResolution, resolve_memory
 
 # (namespace, agent) -> registry names, as kept by kopf's index of AgentRegistries.
 MembershipIndex = Mapping[tuple[str, str], Iterable[str]]
@@ -129,6 +129,28 @@ async def _write_status(
     return True
 
 
+KNATIVE_MISSING = MemoryReason.KNATIVE_SERVING_NOT_INSTALLED.value
+KNATIVE_MISSING_MESSAGE = "Knative Serving is not installed; use executionModel: deployment"
+
+
+def _apply_failure(
+    exc: kubeapi.KubeError, workload: ObjectRef, resolution: MemoryResolution
+) -> tuple[WorkloadState, MemoryResolution]:
+    """Ready (and, when nothing could run, MemoryReady) after an apply the API server refused for good."""
+    if exc.status == 404 and (workload.api_version, workload.kind) == KNATIVE_SERVICE_KIND:
+        # The kind is not served at all: no pod will ever run, so no memory call either.
+        ready = Condition(READY, "False", KNATIVE_MISSING, KNATIVE_MISSING_MESSAGE)
+        if resolution.enabled:
+            resolution = replace(
+                resolution,
+                reason=MemoryReason.KNATIVE_SERVING_NOT_INSTALLED,
+                message=KNATIVE_MISSING_MESSAGE,
+                ready=False,
+            )
+        return WorkloadState(ready), resolution
+    return WorkloadState(Condition(READY, "False", "ApplyFailed", exc.message)), resolution
+
+
 def _as_reconcile_error(exc: kubeapi.KubeError, what: str) -> ReconcileError:
     return ReconcileError(f"{what}: {exc}", retriable=exc.retriable)
 
@@ -165,7 +187,7 @@ async def _reconcile_locked(
     except kubeapi.KubeError as exc:
         if not exc.retriable:
             # Say so on the object (e.g. a webhook or RBAC refusing the workload) before giving up.
-            failed = WorkloadState(Condition(READY, "False", "ApplyFailed", exc.message))
+            failed, resolution = _apply_failure(exc, rendered.workload, resolution)
             desired = reconciled_status(
                 previous,
                 generation=agent.generation,
@@ -174,6 +196,9 @@ async def _reconcile_locked(
                 state=failed,
                 now=now_rfc3339(),
             )
+            old_ready = condition_of(previous, READY) or {}
+            if failed.ready.reason == KNATIVE_MISSING and old_ready.get("reason") != KNATIVE_MISSING:
+                runtime.post_warning(body, KNATIVE_MISSING, failed.ready.message)
             await _write_status(runtime, namespace, name, previous, desired)
         raise
     # Clean-up only matters after a change of execution model (or a first reconcile).

@@ -35,6 +35,7 @@ class MemoryReason(StrEnum):
     UNKNOWN_REDACTOR = "UnknownRedactor"
     USER_CAPABILITY_KEY_MISSING = "UserCapabilityKeyMissing"
     BACKEND_ADDR_IGNORED = "BackendAddrIgnored"
+    KNATIVE_SERVING_NOT_INSTALLED = "KnativeServingNotInstalled"
 
 
 # Chart values that fix each finding, named in its message so the reader knows what to change.

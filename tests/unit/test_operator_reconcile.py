@@ -321,3 +321,37 @@ async def test_an_up_to_date_registry_touches_nothing(runtime: Runtime, fake: Fa
     }
     await registry_changed(runtime, registry, {}, LOG, deleted=False)
     assert fake.applied == [] and fake.status_patches == []
+
+
+async def test_without_knative_the_conditions_name_the_fix_once(
+    runtime: Runtime, fake: FakeKube, warnings: Warnings
+) -> None:
+    stored_agent(fake)
+    # What the API server answers for a kind it does not serve: a plain-text 404.
+    fake.fail_apply["Service"] = KubeError("PATCH", "/apis/serving.knative.dev/v1/x", 404, "404 page not found")
+    for _ in range(2):  # the retry must not repeat the Event
+        with pytest.raises(ReconcileError) as caught:
+            await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+        assert not caught.value.retriable
+    message = "Knative Serving is not installed; use executionModel: deployment"
+    ready, memory = condition(fake, "Ready"), condition(fake, "MemoryReady")
+    assert (ready["status"], ready["reason"], ready["message"]) == ("False", "KnativeServingNotInstalled", message)
+    assert (memory["status"], memory["reason"]) == ("False", "KnativeServingNotInstalled")
+    assert warnings.posted == [("support-agent", "KnativeServingNotInstalled", message)]
+
+
+async def test_every_finding_is_an_event_once(runtime: Runtime, fake: FakeKube, warnings: Warnings) -> None:
+    def asks_too_much(spec: dict[str, Any]) -> None:
+        spec["sessionMemory"].update({"redact": ["email", "badge-id"], "perUser": True, "backend": {"addr": "v:1"}})
+
+    stored_agent(fake, asks_too_much)
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)  # a resync: nothing new to say
+    assert [reason for _, reason, _ in warnings.posted] == [
+        "UnknownRedactor",
+        "UserCapabilityKeyMissing",
+        "BackendAddrIgnored",
+    ]
+    memory = condition(fake, "MemoryReady")
+    assert (memory["status"], memory["reason"]) == ("False", "UnknownRedactor")
+    assert fake.applied.count(KSVC_KEY) == 2  # still wired: the launcher is there, its calls would fail
