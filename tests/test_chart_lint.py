@@ -745,12 +745,16 @@ def test_rbac_is_least_privilege() -> None:
         "customresourcedefinitions",
         "namespaces",
     }
-    roles = [d for d in scoped if d["kind"] == "Role"]
+    events = find(scoped, "Role", f"{n['operator']}-events")  # registry Events, in the operator's namespace
+    assert events["metadata"]["namespace"] == NAMESPACE
+    assert _rules(events) == {("", "events", "create")}
+    assert find(scoped, "RoleBinding", f"{n['operator']}-events")["roleRef"]["name"] == f"{n['operator']}-events"
+    roles = [d for d in scoped if d["kind"] == "Role" and d is not events]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     cluster_scoped = {"agentregistries", "agentregistries/status", "customresourcedefinitions"}
     namespaced = {r for r in operator if r[1] not in cluster_scoped}
     assert all(_rules(role) == namespaced for role in roles)
-    bindings = [d for d in scoped if d["kind"] == "RoleBinding"]
+    bindings = [d for d in scoped if d["kind"] == "RoleBinding" and not d["metadata"]["name"].endswith("-events")]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert {(r[0], r[1]) for r in _rules(roles[0])} >= {(kube.GROUP, "agentdeployments"), ("apps", "deployments")}
 

@@ -103,11 +103,14 @@ def _type_meta() -> dict[str, Schema]:
     }
 
 
-def _conditions() -> Schema:
+def _conditions(description: str = "Conditions Ready and MemoryReady.") -> Schema:
     condition = obj(
         "One aspect of the object's state, in the metav1.Condition format.",
         {
-            "type": string("Ready (mirrors the workload) or MemoryReady (memory wiring resolved).", maxLength=316),
+            "type": string(
+                "Ready (mirrors the workload), MemoryReady (memory wiring resolved) or MembersWired (registry).",
+                maxLength=316,
+            ),
             "status": string("True, False or Unknown.", enum=["True", "False", "Unknown"]),
             "reason": string("A CamelCase word for the last transition, e.g. NotARegistryMember.", maxLength=1024),
             "message": string("A human-readable explanation of the last transition.", maxLength=32768),
@@ -119,7 +122,7 @@ def _conditions() -> Schema:
         required=["type", "status", "lastTransitionTime"],
     )
     return array(
-        "Conditions Ready and MemoryReady.",
+        description,
         condition,
         **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"], "maxItems": 8},
     )
@@ -481,7 +484,22 @@ def agent_registry_schema() -> Schema:
                     },
                 ),
             ),
+            "unreachableMembers": array(
+                "Members outside the namespaces the operator watches (operator.watchNamespaces): not wired, "
+                "they keep their private layout until their namespace is watched.",
+                obj(
+                    "An AgentDeployment the operator may not touch.",
+                    {
+                        "namespace": string("Namespace of the AgentDeployment."),
+                        "name": string("Name of the AgentDeployment."),
+                    },
+                ),
+            ),
             "keyPrefix": string("The key prefix of the team's shared conversations, e.g. mem:shared:<name>:."),
+            "conditions": _conditions(
+                "Condition MembersWired: True when every member is in a namespace the operator watches, else "
+                "False naming the others and the chart value to change."
+            ),
         },
     )
     return obj(
@@ -575,6 +593,7 @@ def agent_registry_crd() -> dict[str, Any]:
         schema=agent_registry_schema(),
         columns=[
             _column("Members", ".status.memberCount", "How many agents the team lists.", type_="integer"),
+            _column("Wired", _condition_path("MembersWired"), "Every member could be wired."),
             _column("Prefix", ".status.keyPrefix", "Key prefix of the shared memory.", priority=1),
             _column("Age", ".metadata.creationTimestamp", "Time since creation.", type_="date"),
         ],

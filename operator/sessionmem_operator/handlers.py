@@ -22,6 +22,7 @@ RETRY_DELAY = 5.0
 # Refusals (4xx) are re-checked less often: most need a human, but some clear by themselves, e.g. the
 # children of a just-deleted AgentDeployment of the same name still awaiting garbage collection.
 SLOW_RETRY_DELAY = 30.0
+MAX_RETRY_DELAY = 900.0
 # Registry deletions have no kopf retry (they arrive as plain watch events): a few attempts of our own.
 DELETION_ATTEMPTS = 3
 
@@ -52,8 +53,11 @@ def _post_warning(body: Any, reason: str, message: str) -> None:
     kopf.warn(body, reason=reason, message=message)
 
 
-def _retry(exc: ReconcileError) -> kopf.TemporaryError:
-    return kopf.TemporaryError(str(exc), delay=RETRY_DELAY if exc.retriable else SLOW_RETRY_DELAY)
+def _retry(exc: ReconcileError, attempt: int) -> kopf.TemporaryError:
+    if exc.retriable:
+        return kopf.TemporaryError(str(exc), delay=RETRY_DELAY)
+    # Refusals back off (30 s, 60 s, ... up to 15 min): retrying a 403 or a 404 hot helps nobody.
+    return kopf.TemporaryError(str(exc), delay=min(SLOW_RETRY_DELAY * 2 ** min(attempt, 10), MAX_RETRY_DELAY))
 
 
 @kopf.on.login()
@@ -86,12 +90,14 @@ def registries_by_member(*, name: str, body: kopf.Body, **_: Any) -> dict[tuple[
 @kopf.on.resume(*AGENTS)
 @kopf.on.create(*AGENTS)
 @kopf.on.update(*AGENTS)
-async def agent_deployment(*, namespace: str | None, name: str, memo: Any, logger: Logger, **kwargs: Any) -> None:
+async def agent_deployment(
+    *, namespace: str | None, name: str, memo: Any, logger: Logger, retry: int, **kwargs: Any
+) -> None:
     assert namespace is not None  # a namespaced kind
     try:
         await reconcile.reconcile_agent(_runtime(memo), namespace, name, _index(kwargs), logger)
     except ReconcileError as exc:
-        raise _retry(exc) from exc
+        raise _retry(exc, retry) from exc
 
 
 @kopf.daemon(*AGENTS, cancellation_timeout=5.0)
@@ -128,11 +134,11 @@ async def workload(*, type: str | None, body: kopf.Body, memo: Any, logger: Logg
 @kopf.on.resume(*REGISTRIES)
 @kopf.on.create(*REGISTRIES)
 @kopf.on.update(*REGISTRIES)
-async def agent_registry(*, body: kopf.Body, memo: Any, logger: Logger, **kwargs: Any) -> None:
+async def agent_registry(*, body: kopf.Body, memo: Any, logger: Logger, retry: int, **kwargs: Any) -> None:
     try:
         await reconcile.registry_changed(_runtime(memo), body, _index(kwargs), logger, deleted=False)
     except ReconcileError as exc:
-        raise _retry(exc) from exc
+        raise _retry(exc, retry) from exc
 
 
 @kopf.on.event(*REGISTRIES, when=lambda type, **_: type == "DELETED")

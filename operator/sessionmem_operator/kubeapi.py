@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -30,6 +31,7 @@ _JSON = "application/json"
 _APPLY = "application/apply-patch+yaml"
 _MERGE = "application/merge-patch+json"
 _DEFAULT_KUBECONFIG = os.path.expanduser("~/.kube/config")
+_POD_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +107,14 @@ async def load_configuration() -> Any:
     return configuration
 
 
+def own_namespace() -> str | None:
+    """The operator pod's namespace (None outside a pod): where Events about cluster-scoped objects go."""
+    try:
+        return Path(_POD_NAMESPACE_FILE).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
 async def connection_info(configuration: Any) -> kopf.ConnectionInfo:
     """The same credentials for kopf's own watches, so the operator logs in exactly one way."""
     header = await configuration.get_api_key_with_prefix("BearerToken")
@@ -119,6 +129,7 @@ async def connection_info(configuration: Any) -> kopf.ConnectionInfo:
         token=token or None,
         certificate_path=configuration.cert_file,
         private_key_path=configuration.key_file,
+        default_namespace=own_namespace(),
     )
 
 

@@ -276,29 +276,43 @@ async def registry_changed(
 ) -> None:
     """Re-wire the agents a registry lists now or listed before, then record the members it wired.
 
-    Every affected agent is attempted; if any fails the status is not updated, so the next attempt
+    Members outside the watched namespaces are not attempted (the operator has no rights there: every try
+    would be a 403): the registry's status and a Warning Event name them and the chart value to change.
+    Every other affected agent is attempted; if any fails the status is not updated, so the next attempt
     (kopf's retry) sees the same affected set."""
-    if not deleted and registry.registry_up_to_date(body):
+    watched = runtime.config.namespaces
+    if not deleted and registry.registry_up_to_date(body, watched):
         return
-    affected = sorted(registry.affected_members(body))
+    affected = registry.affected_members(body)
+    unreachable = registry.unreachable_members(affected, watched)
+    reachable = sorted(affected - unreachable)
     results = await asyncio.gather(
-        *(reconcile_agent(runtime, member.namespace, member.name, index, logger) for member in affected),
+        *(reconcile_agent(runtime, member.namespace, member.name, index, logger) for member in reachable),
         return_exceptions=True,
     )
     failures = [
-        (member, result) for member, result in zip(affected, results, strict=True) if isinstance(result, BaseException)
+        (member, result) for member, result in zip(reachable, results, strict=True) if isinstance(result, BaseException)
     ]
     for member, failure in failures:
         logger.warning("re-wiring %s/%s failed: %s", member.namespace, member.name, failure)
     if failures:
         retriable = all(isinstance(f, ReconcileError) and f.retriable for _, f in failures)
-        raise ReconcileError(f"{len(failures)} of {len(affected)} members could not be re-wired", retriable=retriable)
+        raise ReconcileError(f"{len(failures)} of {len(reachable)} members could not be re-wired", retriable=retriable)
     if deleted:
         return
     registry_name = str(_meta(body).get("name"))
+    status = registry.registry_status(body, watched)
+    previous: Mapping[str, Any] = body.get("status") or {}
+    now = now_rfc3339()
+    for condition in status["conditions"]:
+        old = condition_of(previous, str(condition["type"])) or {}
+        same = old.get("status") == condition["status"]
+        condition["lastTransitionTime"] = old.get("lastTransitionTime", now) if same else now
+        if condition["status"] == "False" and (not same or old.get("message") != condition["message"]):
+            runtime.post_warning(body, str(condition["reason"]), str(condition["message"]))
     try:
-        await runtime.kube.patch_status(kubeapi.AGENT_REGISTRY, None, registry_name, registry.registry_status(body))
+        await runtime.kube.patch_status(kubeapi.AGENT_REGISTRY, None, registry_name, status)
     except kubeapi.KubeError as exc:
         if exc.status != 404:  # deleted meanwhile: its DELETED event re-wires the members
             raise _as_reconcile_error(exc, f"recording the members of AgentRegistry {registry_name}") from exc
-    logger.info("AgentRegistry %s: %d member(s) wired", registry_name, len(registry.spec_members(body)))
+    logger.info("AgentRegistry %s: %d member(s) wired", registry_name, len(reachable))

@@ -317,7 +317,23 @@ async def test_an_up_to_date_registry_touches_nothing(runtime: Runtime, fake: Fa
     registry = {
         "metadata": {"name": "t", "generation": 1},
         "spec": {"members": []},
-        "status": {"observedGeneration": 1, "memberCount": 0, "members": [], "keyPrefix": "mem:shared:t:"},
+        "status": {
+            "observedGeneration": 1,
+            "memberCount": 0,
+            "members": [],
+            "unreachableMembers": [],
+            "keyPrefix": "mem:shared:t:",
+            "conditions": [
+                {
+                    "type": "MembersWired",
+                    "status": "True",
+                    "reason": "AllMembersWatched",
+                    "message": "all 0 member(s) are in namespaces the operator watches",
+                    "observedGeneration": 1,
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
+        },
     }
     await registry_changed(runtime, registry, {}, LOG, deleted=False)
     assert fake.applied == [] and fake.status_patches == []
@@ -355,3 +371,32 @@ async def test_every_finding_is_an_event_once(runtime: Runtime, fake: FakeKube, 
     memory = condition(fake, "MemoryReady")
     assert (memory["status"], memory["reason"]) == ("False", "UnknownRedactor")
     assert fake.applied.count(KSVC_KEY) == 2  # still wired: the launcher is there, its calls would fail
+
+
+async def test_members_outside_the_watched_namespaces_are_not_retried(fake: FakeKube, warnings: Warnings) -> None:
+    config = OperatorConfig(proxy_url="http://proxy:8000", namespaces=("my-team",))
+    runtime = Runtime(config=config, kube=cast(KubeApi, fake), post_warning=warnings)
+    stored_agent(fake)
+    outside = {"namespace": "other-team", "name": "helper"}
+    registry = fake.put(
+        {
+            "apiVersion": kube.API_VERSION,
+            "kind": kube.REGISTRY_KIND,
+            "metadata": {"name": "support-team", "generation": 1},
+            "spec": {"members": [{"namespace": "my-team", "name": "support-agent"}, outside]},
+        }
+    )
+    # No exception: nothing for kopf to retry (the API server would answer 403 forever).
+    await registry_changed(runtime, copy.deepcopy(registry), {}, LOG, deleted=False)
+    registry_key = (kube.API_VERSION, kube.REGISTRY_KIND, None, "support-team")
+    status = fake.objects[registry_key]["status"]
+    assert status["unreachableMembers"] == [outside]
+    assert status["conditions"][0]["reason"] == "MembersOutsideWatchedNamespaces"
+    assert [key[2] for key in fake.applied] == ["my-team", "my-team"]  # only the watched member was applied
+    assert [(name, reason) for name, reason, _ in warnings.posted] == [
+        ("support-team", "MembersOutsideWatchedNamespaces")
+    ]
+    # The status write comes back as an event: up to date, nothing re-applied, no second Event.
+    applied = len(fake.applied)
+    await registry_changed(runtime, copy.deepcopy(fake.objects[registry_key]), {}, LOG, deleted=False)
+    assert len(fake.applied) == applied and len(warnings.posted) == 1
