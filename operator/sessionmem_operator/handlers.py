@@ -6,6 +6,7 @@ Run with ``python -m sessionmem_operator`` (or ``kopf run -m sessionmem_operator
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import kopf
@@ -66,17 +67,35 @@ async def login(**_: Any) -> kopf.ConnectionInfo:
     return await kubeapi.connection_info(await kubeapi.load_configuration())
 
 
+async def _resync_forever(runtime: Runtime, index: Index, logger: Logger) -> None:
+    """Re-apply every AgentDeployment every resyncSeconds, so drift (a deleted ServiceAccount, a hand-edited
+    child) is repaired without waiting for a change to the AgentDeployment. One task for the operator, not
+    a kopf daemon or timer per object: those need a finalizer, which would block deleting AgentDeployments
+    whenever the operator is not running."""
+    while True:
+        await asyncio.sleep(runtime.config.resync_seconds)
+        await reconcile.resync_all(runtime, index, logger)
+
+
 @kopf.on.startup()
-async def start(*, settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any) -> None:
+async def start(*, settings: kopf.OperatorSettings, memo: Any, logger: Logger, **kwargs: Any) -> None:
     config = OperatorConfig.load()
     apply_settings(settings, config)
-    memo["runtime"] = Runtime(config=config, kube=await KubeApi.connect(), post_warning=_post_warning)
+    runtime = Runtime(config=config, kube=await KubeApi.connect(), post_warning=_post_warning)
+    memo["runtime"] = runtime
+    # kopf hands startup handlers the (still filling) index too; it is the same live object later on.
+    memo["resync"] = asyncio.create_task(_resync_forever(runtime, _index(kwargs), logger))
     mode = f"via proxy {config.proxy_url}" if config.proxy_url else "off (no proxy URL configured)"
     logger.info("sessionmem operator: launcher %s, memory %s", config.launcher_image, mode)
 
 
 @kopf.on.cleanup()
 async def stop(*, memo: Any, **_: Any) -> None:
+    resync = memo.get("resync")
+    if isinstance(resync, asyncio.Task):
+        resync.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await resync
     runtime = memo.get("runtime")
     if isinstance(runtime, Runtime):
         await runtime.kube.close()
@@ -98,27 +117,6 @@ async def agent_deployment(
         await reconcile.reconcile_agent(_runtime(memo), namespace, name, _index(kwargs), logger)
     except ReconcileError as exc:
         raise _retry(exc, retry) from exc
-
-
-@kopf.daemon(*AGENTS, cancellation_timeout=5.0)
-async def resync(
-    *, namespace: str | None, name: str, memo: Any, logger: Logger, stopped: kopf.DaemonStopped, **kwargs: Any
-) -> None:
-    """Re-apply each AgentDeployment every resyncSeconds, so drift (a deleted ServiceAccount, a hand-edited
-    child) is repaired without waiting for a change to the AgentDeployment. A reconcile with nothing to
-    repair writes nothing new: the applies are no-ops and the status is unchanged."""
-    assert namespace is not None
-    while not stopped:
-        runtime = memo.get("runtime")
-        period = runtime.config.resync_seconds if isinstance(runtime, Runtime) else RETRY_DELAY
-        await stopped.wait(period)
-        if stopped or not isinstance(runtime, Runtime):
-            continue
-        try:
-            await reconcile.reconcile_agent(runtime, namespace, name, _index(kwargs), logger)
-        except ReconcileError as exc:
-            # The create/update handler owns retries; the next period brings another try anyway.
-            logger.warning("resync of %s/%s failed: %s", namespace, name, exc)
 
 
 @kopf.on.event("serving.knative.dev", "v1", "services", labels=OWNED)

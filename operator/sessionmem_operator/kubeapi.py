@@ -41,6 +41,13 @@ class Kind:
     plural: str
     namespaced: bool = True
 
+    def collection_path(self, namespace: str | None) -> str:
+        """The list path: in one namespace, or across all (None) for a namespaced kind."""
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        return f"{base}/{self.plural}"
+
     def path(self, namespace: str | None, name: str, subresource: str | None = None) -> str:
         base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
         if self.namespaced:
@@ -181,6 +188,20 @@ class KubeApi:
             if exc.status == 404:
                 return None
             raise
+
+    async def list_names(self, kind: Kind, namespace: str | None) -> list[tuple[str, str]]:
+        """(namespace, name) of every object of `kind` in `namespace` (None: all namespaces), paged."""
+        found: list[tuple[str, str]] = []
+        token = ""
+        while True:
+            query = [("limit", "500")] + ([("continue", token)] if token else [])
+            page = await self._call("GET", kind.collection_path(namespace), query=query)
+            for item in page.get("items") or ():
+                meta = item.get("metadata") or {}
+                found.append((str(meta.get("namespace") or ""), str(meta.get("name"))))
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return found
 
     async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Create or update by server-side apply. Forced: the operator owns every field it renders, and a

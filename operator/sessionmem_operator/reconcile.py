@@ -316,3 +316,23 @@ async def registry_changed(
         if exc.status != 404:  # deleted meanwhile: its DELETED event re-wires the members
             raise _as_reconcile_error(exc, f"recording the members of AgentRegistry {registry_name}") from exc
     logger.info("AgentRegistry %s: %d member(s) wired", registry_name, len(reachable))
+
+
+async def resync_all(runtime: Runtime, index: MembershipIndex, logger: Logger) -> int:
+    """Reconcile every AgentDeployment the operator watches, one at a time (a resync must not burst the
+    API server); returns how many were reconciled. Failures are logged: the next resync tries again."""
+    namespaces: Iterable[str | None] = runtime.config.namespaces or (None,)
+    done = 0
+    for namespace in namespaces:
+        try:
+            agents = await runtime.kube.list_names(kubeapi.AGENT_DEPLOYMENT, namespace)
+        except kubeapi.KubeError as exc:
+            logger.warning("resync: listing AgentDeployments failed: %s", exc)
+            continue
+        for agent_namespace, name in agents:
+            try:
+                await reconcile_agent(runtime, agent_namespace, name, index, logger)
+                done += 1
+            except ReconcileError as exc:
+                logger.warning("resync of %s/%s failed: %s", agent_namespace, name, exc)
+    return done

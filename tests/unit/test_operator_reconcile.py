@@ -14,7 +14,14 @@ from sessionmem_core import kube
 from sessionmem_operator import kubeapi
 from sessionmem_operator.config import OperatorConfig
 from sessionmem_operator.kubeapi import Kind, KubeApi, KubeError
-from sessionmem_operator.reconcile import ReconcileError, Runtime, reconcile_agent, registry_changed, workload_changed
+from sessionmem_operator.reconcile import (
+    ReconcileError,
+    Runtime,
+    reconcile_agent,
+    registry_changed,
+    resync_all,
+    workload_changed,
+)
 from tests.unit.test_operator_render import UID, as_stored, design_manifest
 
 LOG = logging.getLogger("test")
@@ -99,6 +106,13 @@ class FakeKube:
         body.setdefault("status", {})
         _merge(body["status"], status)
         return copy.deepcopy(body)
+
+    async def list_names(self, kind: Kind, namespace: str | None) -> list[tuple[str, str]]:
+        return sorted(
+            (str(ns), name)
+            for (api_version, kind_name, ns, name) in self.objects
+            if (api_version, kind_name) == (kind.api_version, kind.kind) and namespace in (None, ns)
+        )
 
     async def close(self) -> None:
         return None
@@ -400,3 +414,13 @@ async def test_members_outside_the_watched_namespaces_are_not_retried(fake: Fake
     applied = len(fake.applied)
     await registry_changed(runtime, copy.deepcopy(fake.objects[registry_key]), {}, LOG, deleted=False)
     assert len(fake.applied) == applied and len(warnings.posted) == 1
+
+
+async def test_a_resync_repairs_a_deleted_child_and_writes_nothing_else(runtime: Runtime, fake: FakeKube) -> None:
+    stored_agent(fake)
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+    patches = len(fake.status_patches)
+    del fake.objects[SA_KEY]  # someone deleted the agent's ServiceAccount
+    assert await resync_all(runtime, {}, LOG) == 1
+    assert SA_KEY in fake.objects
+    assert len(fake.status_patches) == patches  # nothing new to record
