@@ -197,9 +197,14 @@ async def _reconcile_locked(
                 now=now_rfc3339(),
             )
             old_ready = condition_of(previous, READY) or {}
-            if failed.ready.reason == KNATIVE_MISSING and old_ready.get("reason") != KNATIVE_MISSING:
+            knative_missing = failed.ready.reason == KNATIVE_MISSING
+            if knative_missing and old_ready.get("reason") != KNATIVE_MISSING:
                 runtime.post_warning(body, KNATIVE_MISSING, failed.ready.message)
             await _write_status(runtime, namespace, name, previous, desired)
+            if knative_missing:
+                # Said and final until the spec changes (a new event) or Knative is installed (the periodic
+                # resync sees it): a pending retry would only delay the reconcile of the advised fix.
+                return
         raise
     # Clean-up only matters after a change of execution model (or a first reconcile).
     if _workload_ref_of(previous) != rendered.workload:
