@@ -42,8 +42,6 @@ REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "sessionmem"
 PRODUCTION = CHART / "values-production.yaml"
 ENSURE_HELM = REPO / "tools" / "helm" / "ensure-helm.sh"
-CHECK_CRDS = REPO / "tools" / "check-crds.sh"
-SYNC_CRDS = REPO / "tools" / "sync-crds.sh"
 CRDS = REPO / "crds"
 EXAMPLE = REPO / "examples" / "support-agent.yaml"
 STORE_SOURCE = REPO / "core" / "sessionmem_core" / "store.py"
@@ -347,42 +345,30 @@ def test_schema_is_draft_07_and_closed() -> None:
 # ---- CRDs: one source of truth -------------------------------------------------------------------------
 
 
-def _check_crds(src: Path, dst: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(CHECK_CRDS), str(src), str(dst)], capture_output=True, text=True, check=False)
+def test_the_crds_folder_is_the_charts_own() -> None:
+    """One copy: the generator writes into the chart's folder and crds/ is a link to it (nothing to sync)."""
+    assert CRDS.is_symlink() and CRDS.resolve() == (CHART / "crds").resolve()
+    assert not (CHART / "crds").is_symlink()
+    assert sorted(p.name for p in (CHART / "crds").glob("*.yaml")) == ["agentdeployment.yaml", "agentregistry.yaml"]
 
 
-def test_chart_crds_are_byte_identical_to_crds_folder() -> None:
-    proc = subprocess.run(["bash", str(CHECK_CRDS)], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, f"{proc.stderr}\nrun tools/sync-crds.sh"
-    assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(p.name for p in CRDS.glob("*.yaml"))
+def test_crd_check_fails_on_a_stale_file(tmp_path: Path) -> None:
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sessionmem_operator.crds", "--check", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
 
-
-def test_crd_check_fails_on_a_modified_copy(tmp_path: Path) -> None:
-    src, dst = tmp_path / "crds", tmp_path / "chart-crds"
-    shutil.copytree(CRDS, src)
-    shutil.copytree(CRDS, dst)
-    assert _check_crds(src, dst).returncode == 0
-
-    victim = sorted(dst.glob("*.yaml"))[0]
-    victim.write_bytes(victim.read_bytes().replace(b"served: true", b"served: false", 1))
-    proc = _check_crds(src, dst)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert f"{victim} differs" in proc.stderr and "served: false" in proc.stderr, proc.stderr
-
+    subprocess.run([sys.executable, "-m", "sessionmem_operator.crds", "--write", str(tmp_path)], check=True)
+    assert check().returncode == 0
+    victim = tmp_path / "agentregistry.yaml"
     victim.write_bytes(victim.read_bytes() + b"\n")  # a single trailing byte is a difference too
-    assert _check_crds(src, dst).returncode == 1
-
+    proc = check()
+    assert proc.returncode == 1 and f"{victim} is stale" in proc.stderr, proc.stderr
     victim.unlink()
-    proc = _check_crds(src, dst)
-    assert proc.returncode == 1 and "is missing" in proc.stderr, proc.stderr
-
-    (dst / "stale.yaml").write_text("kind: Nothing\n", encoding="utf-8")
-    proc = _check_crds(src, dst)
-    assert proc.returncode == 1 and "stale.yaml has no source" in proc.stderr, proc.stderr
-
-    subprocess.run(["bash", str(SYNC_CRDS), str(src), str(dst)], capture_output=True, check=True)
-    assert _check_crds(src, dst).returncode == 0
-    assert not (dst / "stale.yaml").exists()
+    assert check().returncode == 1
 
 
 def test_helm_installs_exactly_the_crds_folder() -> None:

@@ -77,8 +77,7 @@ class Release:
         self.namespace = namespace
         self.name = f"sm{namespace[-6:]}"  # unique per test: ClusterRoles are named after the release
         self.kubeconfig = ["--kubeconfig", str(cluster.kubeconfig_path), "--namespace", namespace]
-        # The CRDs are cluster-scoped and the harness installed them already (from crds/, which the chart's
-        # copy equals byte for byte: tests/test_chart_lint.py).
+        # The CRDs are cluster-scoped and the harness installed them already, from the chart's own crds/.
         run_helm("install", self.name, str(CHART), *self.kubeconfig, "--skip-crds", *args)
         self.docs = parse_docs(run_helm("get", "manifest", self.name, *self.kubeconfig).stdout)
         base = f"{self.name}-sessionmem"
