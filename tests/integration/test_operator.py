@@ -336,6 +336,11 @@ def test_shared_scope_needs_registry_membership(
             {"image": "x", "sessionMemory": {"tokenCounter": "tiktoken"}},
             "spec.sessionMemory.tokenCounter",
         ),
+        (
+            "zero-quota",
+            {"image": "x", "sessionMemory": {"quota": {"maxConversations": 0}}},
+            "spec.sessionMemory.quota.maxConversations",
+        ),
     ],
     ids=[
         "unknown-scope",
@@ -354,6 +359,7 @@ def test_shared_scope_needs_registry_membership(
         "summary-threshold-at-cap",
         "bad-summary-endpoint",
         "bad-token-counter",
+        "quota-below-one",
     ],
 )
 def test_invalid_manifests_are_rejected_naming_the_field(
@@ -418,6 +424,14 @@ def test_summary_threshold_within_the_replay_window_is_rejected(
         namespace=kube_namespace,
     )
     assert accepted["spec"]["sessionMemory"]["summary"] == {"threshold": 13, "endpoint": "builtin"}
+
+
+def test_a_quota_is_accepted_and_kept(kube_cluster: KubeTestCluster, kube_namespace: str) -> None:
+    quota = {"maxConversations": 1, "maxBytes": 1048576, "requestsPerSecond": 20}
+    created = kube_cluster.rest.create(
+        manifest(kube_namespace, sessionMemory={"quota": quota}), namespace=kube_namespace
+    )
+    assert created["spec"]["sessionMemory"]["quota"] == quota
 
 
 def test_a_name_of_exactly_the_limit_is_accepted(kube_cluster: KubeTestCluster, kube_namespace: str) -> None:
