@@ -270,6 +270,8 @@ def test_notes_show_the_first_agent_deployment() -> None:
         ("proxy.limits.maxHeaderBytes=0", "/proxy/limits/maxHeaderBytes", "minimum"),
         ("proxy.quota.requestsPerSecond=0", "/proxy/quota/requestsPerSecond", "minimum"),
         ("operator.resyncSeconds=0", "/operator/resyncSeconds", "minimum"),
+        ("operator.launcher.limits.maxUrlBytes=0", "/operator/launcher/limits/maxUrlBytes", "minimum"),
+        ("operator.launcher.limits.maxUrls=5", "/operator/launcher/limits", "additional properties"),
     ],
 )
 def test_schema_rejects_bad_values(setting: str, where: str, why: str) -> None:
@@ -574,6 +576,21 @@ def test_serving_limits_and_quota_defaults_are_the_contracts() -> None:
             assert values[section][key] == default, f"proxy.{section}.{key}"
             assert float(proxy_env[name]) == default, name
             assert type(default)(float(proxy_env[name])) == default  # ints render as ints
+
+
+def test_launcher_limits_reach_the_operator_under_the_contracts_names(tmp_path: Path) -> None:
+    assert _operator_config(render(), tmp_path).launcher_limits == ()  # the launcher's own defaults
+    docs = render(
+        "--set", "operator.launcher.limits.maxHeaderBytes=8192", "--set", "operator.launcher.limits.maxConnections=32"
+    )
+    assert dict(_operator_config(docs, tmp_path).launcher_limits) == {
+        env.MAX_HEADER_BYTES: "8192",
+        env.MAX_CONNECTIONS: "32",
+    }
+    # The launcher's keys are exactly the proxy's (one table of limits, two servers).
+    from sessionmem_operator.config import LAUNCHER_LIMITS
+
+    assert {key: name for key, (name, _) in SERVING_LIMITS.items()} == dict(LAUNCHER_LIMITS)
 
 
 def test_serving_limits_and_quotas_are_values() -> None:

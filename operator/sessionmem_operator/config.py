@@ -15,6 +15,7 @@ YAML keys (all optional)::
     redactors: [employee-id]             # the proxy's custom redactors (its SESSIONMEM_REDACT_PATTERNS names)
     userCapabilities: false              # the proxy verifies users' run capabilities (perUser works)
     resyncSeconds: 60                    # every AgentDeployment is re-applied this often (drift repair)
+    launcherLimits: {maxHeaderBytes: 8192, idleTimeoutSeconds: 15}   # unset keys: the launcher's defaults
 """
 
 from __future__ import annotations
@@ -49,6 +50,18 @@ DEFAULT_RESYNC_SECONDS = 60.0
 MIN_RESYNC_SECONDS = 1.0
 # The CRD's rule for a redactor name (crds.REDACTOR_PATTERN), checked here so a typo fails at start-up.
 _REDACTOR_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+# The launcher's serving limits an operator may set for every agent pod: config key -> the env name the
+# launcher reads (the same names the chart's proxy.limits use for the proxy).
+LAUNCHER_LIMITS: Mapping[str, str] = {
+    "maxHeaderBytes": env.MAX_HEADER_BYTES,
+    "maxHeaderCount": env.MAX_HEADER_COUNT,
+    "maxUrlBytes": env.MAX_URL_BYTES,
+    "maxBodyBytes": env.MAX_REQUEST_BODY_BYTES,
+    "headerTimeoutSeconds": env.HEADER_TIMEOUT_SECONDS,
+    "bodyTimeoutSeconds": env.BODY_TIMEOUT_SECONDS,
+    "idleTimeoutSeconds": env.IDLE_TIMEOUT_SECONDS,
+    "maxConnections": env.MAX_CONNECTIONS,
+}
 
 _FILE_KEYS = {
     "proxyUrl",
@@ -62,6 +75,7 @@ _FILE_KEYS = {
     "redactors",
     "userCapabilities",
     "resyncSeconds",
+    "launcherLimits",
 }
 
 
@@ -80,6 +94,8 @@ class OperatorConfig:
     # Whether the proxy verifies users' run capabilities: without it every perUser call is refused.
     user_capabilities: bool = False
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
+    # (env name, value) pairs added to every launcher's env; empty: the launcher's own defaults.
+    launcher_limits: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.launcher_image or any(c.isspace() for c in self.launcher_image):
@@ -156,6 +172,8 @@ class OperatorConfig:
             kwargs["user_capabilities"] = _as_bool("userCapabilities", values["userCapabilities"])
         if values.get("resyncSeconds") not in (None, ""):
             kwargs["resync_seconds"] = _as_float("resyncSeconds", values["resyncSeconds"])
+        if values.get("launcherLimits"):
+            kwargs["launcher_limits"] = _as_limits(values["launcherLimits"])
         return cls(**kwargs)
 
 
@@ -212,6 +230,22 @@ def _as_names(raw: object, name: str) -> tuple[str, ...]:
     else:
         raise ConfigError(f"{name}={raw!r} must be a list of names")
     return tuple(item for item in items if item)
+
+
+def _as_limits(raw: object) -> tuple[tuple[str, str], ...]:
+    if not isinstance(raw, dict) or not set(raw) <= set(LAUNCHER_LIMITS):
+        raise ConfigError(f"launcherLimits must be a mapping with keys among {', '.join(LAUNCHER_LIMITS)}")
+    limits = []
+    for key, value in sorted(raw.items()):
+        number = _as_float(f"launcherLimits.{key}", value)
+        if not number > 0:
+            raise ConfigError(f"launcherLimits.{key}={value!r} must be positive")
+        if not key.endswith("Seconds") and not number.is_integer():
+            raise ConfigError(f"launcherLimits.{key}={value!r} must be a whole number")
+        # Counts and sizes stay integers; timeouts may be fractional.
+        text = str(number) if key.endswith("Seconds") else str(int(number))
+        limits.append((LAUNCHER_LIMITS[key], text))
+    return tuple(limits)
 
 
 def _as_resources(raw: object) -> Mapping[str, Mapping[str, str]]:

@@ -236,6 +236,8 @@ def launcher_env(agent: AgentSpec, resolution: MemoryResolution, config: Operato
     # without a proxy URL).
     assert config.proxy_url is not None
     variables += [_env_var(env.PROXY_URL, config.proxy_url), _env_var(env.TOKEN_PATH, env.DEFAULT_TOKEN_PATH)]
+    # Only when configured, so pods keep their template (no new revision) under the launcher's defaults.
+    variables += [_env_var(name, value) for name, value in config.launcher_limits]
     return variables
 
 

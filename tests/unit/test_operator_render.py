@@ -354,3 +354,12 @@ def test_changing_any_policy_changes_the_pod_template(field: str, value: Any) ->
     assert changed_template != base_template
     assert changed_hash != base_hash
     assert changed_template["metadata"]["annotations"][WIRING_ANNOTATION] == changed_hash
+
+
+def test_launcher_limits_are_rendered_only_when_configured() -> None:
+    limited = OperatorConfig(
+        proxy_url=PROXY.proxy_url, launcher_image=PROXY.launcher_image, launcher_limits=((env.MAX_URL_BYTES, "2048"),)
+    )
+    plain = launcher_env_for(copy.deepcopy(POLICIES))
+    assert env.MAX_URL_BYTES not in plain
+    assert launcher_env_for(copy.deepcopy(POLICIES), limited)[env.MAX_URL_BYTES] == "2048"

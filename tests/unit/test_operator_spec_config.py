@@ -166,3 +166,32 @@ def test_bad_proxy_facts_fail_at_start(tmp_path: Path, text: str) -> None:
     path.write_text(text)
     with pytest.raises(ConfigError):
         OperatorConfig.load({env.OPERATOR_CONFIG_FILE: str(path)})
+
+
+def test_launcher_limits_become_the_launchers_env_names(tmp_path: Path) -> None:
+    path = tmp_path / "operator.yaml"
+    path.write_text("launcherLimits: {maxHeaderBytes: 8192, idleTimeoutSeconds: 2.5, maxConnections: 64}\n")
+    config = OperatorConfig.load({env.OPERATOR_CONFIG_FILE: str(path)})
+    assert dict(config.launcher_limits) == {
+        env.MAX_HEADER_BYTES: "8192",
+        env.IDLE_TIMEOUT_SECONDS: "2.5",
+        env.MAX_CONNECTIONS: "64",
+    }
+    assert OperatorConfig.load({}).launcher_limits == ()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "launcherLimits: {maxHeaders: 1}\n",
+        "launcherLimits: {maxHeaderBytes: 0}\n",
+        "launcherLimits: {maxHeaderBytes: 1.5}\n",
+        "launcherLimits: {idleTimeoutSeconds: soon}\n",
+    ],
+    ids=["unknown-key", "zero", "fractional-size", "not-a-number"],
+)
+def test_bad_launcher_limits_fail_at_start(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "operator.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError):
+        OperatorConfig.load({env.OPERATOR_CONFIG_FILE: str(path)})
