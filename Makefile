@@ -38,12 +38,12 @@ integration: $(STAMP)
 envtest:
 	@bash tools/envtest/ensure-binaries.sh
 
-## Regenerates crds/ from the operator's schema and copies it into the chart (one source of truth).
+## Regenerates the CRDs from the operator's schema, straight into the chart (crds/ is a link to that folder).
 crds: $(STAMP)
-	@$(PY) -m sessionmem_operator.crds --write crds && bash tools/sync-crds.sh
+	@$(PY) -m sessionmem_operator.crds --write charts/sessionmem/crds
 
-crds-check:
-	@bash tools/check-crds.sh
+crds-check: $(STAMP)
+	@$(PY) -m sessionmem_operator.crds --check charts/sessionmem/crds
 
 helm:
 	@bash tools/helm/ensure-helm.sh

@@ -31,7 +31,7 @@ import valkey as valkey_sync
 import yaml
 from valkey.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
-from sessionmem_core import env, kube
+from sessionmem_core import api, env, kube
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.store import ConversationStore, NewEntry
 from sessionmem_core.valkey_client import cluster_seeds, connect
@@ -42,8 +42,6 @@ REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "sessionmem"
 PRODUCTION = CHART / "values-production.yaml"
 ENSURE_HELM = REPO / "tools" / "helm" / "ensure-helm.sh"
-CHECK_CRDS = REPO / "tools" / "check-crds.sh"
-SYNC_CRDS = REPO / "tools" / "sync-crds.sh"
 CRDS = REPO / "crds"
 EXAMPLE = REPO / "examples" / "support-agent.yaml"
 STORE_SOURCE = REPO / "core" / "sessionmem_core" / "store.py"
@@ -264,6 +262,16 @@ def test_notes_show_the_first_agent_deployment() -> None:
         ("operator.logFormat=xml", "/operator/logFormat", "must be one of"),
         ("proxy.replica=2", "/proxy", "additional properties 'replica' not allowed"),
         ("valkey.username=default", "/valkey/username", "not"),
+        ("nameOverride=Bad_Name", "/nameOverride", "does not match pattern"),
+        ("nameOverride=-lead", "/nameOverride", "does not match pattern"),
+        ("fullnameOverride=Bad_Name", "/fullnameOverride", "does not match pattern"),
+        ("proxy.podDisruptionBudget.maxUnavailable=150%", "/proxy/podDisruptionBudget/maxUnavailable", "oneOf"),
+        ("proxy.podDisruptionBudget.minAvailable=101%", "/proxy/podDisruptionBudget/minAvailable", "oneOf"),
+        ("proxy.limits.maxHeaderBytes=0", "/proxy/limits/maxHeaderBytes", "minimum"),
+        ("proxy.quota.requestsPerSecond=0", "/proxy/quota/requestsPerSecond", "minimum"),
+        ("operator.resyncSeconds=0", "/operator/resyncSeconds", "minimum"),
+        ("operator.launcher.limits.maxUrlBytes=0", "/operator/launcher/limits/maxUrlBytes", "minimum"),
+        ("operator.launcher.limits.maxUrls=5", "/operator/launcher/limits", "additional properties"),
     ],
 )
 def test_schema_rejects_bad_values(setting: str, where: str, why: str) -> None:
@@ -271,6 +279,40 @@ def test_schema_rejects_bad_values(setting: str, where: str, why: str) -> None:
     assert proc.returncode != 0, f"{setting} was accepted"
     assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
     assert f"at '{where}'" in proc.stderr and why in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("name", ["email", "card", "phone", "Bad_Name", "x" * 33])
+def test_schema_rejects_custom_redactors_the_proxy_would(name: str) -> None:
+    """The proxy refuses to redefine a built-in redactor and the CRD refuses such names on agents."""
+    proc = run_helm("template", RELEASE, str(CHART), "--set", f"proxy.redactPatterns.{name}=x", check=False)
+    assert proc.returncode != 0, f"redactor {name} was accepted"
+    assert f"invalid propertyName '{name}'" in proc.stderr, proc.stderr
+
+
+def test_schema_knows_the_contracts_built_in_redactors() -> None:
+    import json
+
+    from sessionmem_operator.crds import REDACTOR_PATTERN
+
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    names_rule = schema["properties"]["proxy"]["properties"]["redactPatterns"]["propertyNames"]
+    assert names_rule["not"]["enum"] == list(api.BUILTIN_REDACTORS)
+    assert names_rule["pattern"] == REDACTOR_PATTERN
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "nameOverride=memory2",
+        "nameOverride=2memory",
+        "proxy.podDisruptionBudget.maxUnavailable=100%",
+        "proxy.podDisruptionBudget.maxUnavailable=0%",
+        "proxy.podDisruptionBudget.minAvailable=50%",
+        "proxy.redactPatterns.employee-id=EMP-[0-9]+",
+    ],
+)
+def test_schema_accepts_the_edges_of_what_it_refuses(setting: str) -> None:
+    run_helm("template", RELEASE, str(CHART), "--set", setting)
 
 
 def test_schema_requires_a_url_for_external_valkey() -> None:
@@ -305,42 +347,30 @@ def test_schema_is_draft_07_and_closed() -> None:
 # ---- CRDs: one source of truth -------------------------------------------------------------------------
 
 
-def _check_crds(src: Path, dst: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(CHECK_CRDS), str(src), str(dst)], capture_output=True, text=True, check=False)
+def test_the_crds_folder_is_the_charts_own() -> None:
+    """One copy: the generator writes into the chart's folder and crds/ is a link to it (nothing to sync)."""
+    assert CRDS.is_symlink() and CRDS.resolve() == (CHART / "crds").resolve()
+    assert not (CHART / "crds").is_symlink()
+    assert sorted(p.name for p in (CHART / "crds").glob("*.yaml")) == ["agentdeployment.yaml", "agentregistry.yaml"]
 
 
-def test_chart_crds_are_byte_identical_to_crds_folder() -> None:
-    proc = subprocess.run(["bash", str(CHECK_CRDS)], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, f"{proc.stderr}\nrun tools/sync-crds.sh"
-    assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(p.name for p in CRDS.glob("*.yaml"))
+def test_crd_check_fails_on_a_stale_file(tmp_path: Path) -> None:
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sessionmem_operator.crds", "--check", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
 
-
-def test_crd_check_fails_on_a_modified_copy(tmp_path: Path) -> None:
-    src, dst = tmp_path / "crds", tmp_path / "chart-crds"
-    shutil.copytree(CRDS, src)
-    shutil.copytree(CRDS, dst)
-    assert _check_crds(src, dst).returncode == 0
-
-    victim = sorted(dst.glob("*.yaml"))[0]
-    victim.write_bytes(victim.read_bytes().replace(b"served: true", b"served: false", 1))
-    proc = _check_crds(src, dst)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert f"{victim} differs" in proc.stderr and "served: false" in proc.stderr, proc.stderr
-
+    subprocess.run([sys.executable, "-m", "sessionmem_operator.crds", "--write", str(tmp_path)], check=True)
+    assert check().returncode == 0
+    victim = tmp_path / "agentregistry.yaml"
     victim.write_bytes(victim.read_bytes() + b"\n")  # a single trailing byte is a difference too
-    assert _check_crds(src, dst).returncode == 1
-
+    proc = check()
+    assert proc.returncode == 1 and f"{victim} is stale" in proc.stderr, proc.stderr
     victim.unlink()
-    proc = _check_crds(src, dst)
-    assert proc.returncode == 1 and "is missing" in proc.stderr, proc.stderr
-
-    (dst / "stale.yaml").write_text("kind: Nothing\n", encoding="utf-8")
-    proc = _check_crds(src, dst)
-    assert proc.returncode == 1 and "stale.yaml has no source" in proc.stderr, proc.stderr
-
-    subprocess.run(["bash", str(SYNC_CRDS), str(src), str(dst)], capture_output=True, check=True)
-    assert _check_crds(src, dst).returncode == 0
-    assert not (dst / "stale.yaml").exists()
+    assert check().returncode == 1
 
 
 def test_helm_installs_exactly_the_crds_folder() -> None:
@@ -471,6 +501,112 @@ def test_operator_gets_the_charts_proxy_url_audience_and_image(tmp_path: Path) -
     assert proxy_container["ports"][0]["containerPort"] == 8100
 
 
+def _operator_config(docs: list[Doc], tmp_path: Path) -> OperatorConfig:
+    """The operator's settings as it loads them from what the chart rendered (env + mounted file)."""
+    n = names()
+    (container,) = containers(find(docs, "Deployment", n["operator"]))
+    variables = plain_env(container)
+    config_map = find(docs, "ConfigMap", n["operator"])
+    local = tmp_path / Path(variables[env.OPERATOR_CONFIG_FILE]).name
+    local.write_text(config_map["data"][local.name], encoding="utf-8")
+    return OperatorConfig.load({**variables, env.OPERATOR_CONFIG_FILE: str(local)})
+
+
+def test_an_empty_proxy_url_means_none_and_unset_means_this_release(tmp_path: Path) -> None:
+    default = _operator_config(render(), tmp_path)
+    assert default.proxy_url == f"http://{names()['proxy']}.{NAMESPACE}.svc.cluster.local:8000"
+    assert _operator_config(render("--set", "operator.proxyUrl=http://memory.example:9000/"), tmp_path).proxy_url == (
+        "http://memory.example:9000"
+    )
+    assert _operator_config(render("--set", "operator.proxyUrl="), tmp_path).proxy_url is None
+
+
+def test_custom_redactors_reach_the_proxy_and_the_operator(tmp_path: Path) -> None:
+    from sessionmem_proxy.redaction import Redaction
+
+    docs = render("--set-json", 'proxy.redactPatterns={"employee-id": "EMP-[0-9]{6}", "badge": "B[0-9]+"}')
+    proxy = containers(find(docs, "Deployment", names()["proxy"]))[0]
+    settings = ProxySettings.from_env(resolved_env(proxy, {"VALKEY_PASSWORD": "x"}))
+    redaction = Redaction.from_json(settings.redact_patterns)
+    chain = redaction.chain(["employee-id", "badge", "email"])
+    assert chain is not None and chain("EMP-123456 B42 a@b.example") == (
+        "[redacted:employee-id] [redacted:badge] [redacted:email]"
+    )
+    config = _operator_config(docs, tmp_path)
+    assert set(config.redactors) == {"employee-id", "badge"}
+    # Without custom redactors the proxy gets no variable and the operator knows only the built-in ones.
+    plain = render()
+    assert env.REDACT_PATTERNS not in plain_env(containers(find(plain, "Deployment", names()["proxy"]))[0])
+    assert _operator_config(plain, tmp_path).redactors == ()
+
+
+def test_the_operator_knows_whether_the_proxy_verifies_user_capabilities(tmp_path: Path) -> None:
+    assert _operator_config(render(), tmp_path).user_capabilities is False
+    assert _operator_config(render(*VALUE_SETS["capability-key"]), tmp_path).user_capabilities is True
+    assert _operator_config(render("--set", "operator.resyncSeconds=5"), tmp_path).resync_seconds == 5.0
+
+
+SERVING_LIMITS = {
+    "maxHeaderBytes": (env.MAX_HEADER_BYTES, env.DEFAULT_MAX_HEADER_BYTES),
+    "maxHeaderCount": (env.MAX_HEADER_COUNT, env.DEFAULT_MAX_HEADER_COUNT),
+    "maxUrlBytes": (env.MAX_URL_BYTES, env.DEFAULT_MAX_URL_BYTES),
+    "maxBodyBytes": (env.MAX_REQUEST_BODY_BYTES, env.MAX_BODY_BYTES),
+    "headerTimeoutSeconds": (env.HEADER_TIMEOUT_SECONDS, env.DEFAULT_HEADER_TIMEOUT_SECONDS),
+    "bodyTimeoutSeconds": (env.BODY_TIMEOUT_SECONDS, env.DEFAULT_BODY_TIMEOUT_SECONDS),
+    "idleTimeoutSeconds": (env.IDLE_TIMEOUT_SECONDS, env.DEFAULT_IDLE_TIMEOUT_SECONDS),
+    "maxConnections": (env.MAX_CONNECTIONS, env.DEFAULT_MAX_CONNECTIONS),
+}
+QUOTAS = {
+    "conversations": (env.QUOTA_CONVERSATIONS, env.DEFAULT_QUOTA_CONVERSATIONS),
+    "bytes": (env.QUOTA_BYTES, env.DEFAULT_QUOTA_BYTES),
+    "requestsPerSecond": (env.QUOTA_REQUESTS_PER_SECOND, env.DEFAULT_QUOTA_REQUESTS_PER_SECOND),
+    "burst": (env.QUOTA_BURST, env.DEFAULT_QUOTA_BURST),
+}
+
+
+def test_serving_limits_and_quota_defaults_are_the_contracts() -> None:
+    """The chart's defaults are sessionmem_core.env's, value for value, and reach the proxy's env under the
+    contract's names; every key of proxy.limits and proxy.quota is covered."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))["proxy"]
+    assert set(values["limits"]) == set(SERVING_LIMITS)
+    assert set(values["quota"]) == set(QUOTAS)
+    proxy_env = plain_env(containers(find(render(), "Deployment", names()["proxy"]))[0])
+    for section, table in (("limits", SERVING_LIMITS), ("quota", QUOTAS)):
+        for key, (name, default) in table.items():
+            assert values[section][key] == default, f"proxy.{section}.{key}"
+            assert float(proxy_env[name]) == default, name
+            assert type(default)(float(proxy_env[name])) == default  # ints render as ints
+
+
+def test_launcher_limits_reach_the_operator_under_the_contracts_names(tmp_path: Path) -> None:
+    assert _operator_config(render(), tmp_path).launcher_limits == ()  # the launcher's own defaults
+    docs = render(
+        "--set", "operator.launcher.limits.maxHeaderBytes=8192", "--set", "operator.launcher.limits.maxConnections=32"
+    )
+    assert dict(_operator_config(docs, tmp_path).launcher_limits) == {
+        env.MAX_HEADER_BYTES: "8192",
+        env.MAX_CONNECTIONS: "32",
+    }
+    # The launcher's keys are exactly the proxy's (one table of limits, two servers).
+    from sessionmem_operator.config import LAUNCHER_LIMITS
+
+    assert {key: name for key, (name, _) in SERVING_LIMITS.items()} == dict(LAUNCHER_LIMITS)
+
+
+def test_serving_limits_and_quotas_are_values() -> None:
+    docs = render(
+        "--set", "proxy.limits.maxHeaderBytes=8192",
+        "--set-json", "proxy.limits.idleTimeoutSeconds=2.5",
+        "--set", "proxy.quota.bytes=1073741824",
+        "--set", "proxy.quota.burst=5",
+    )  # fmt: skip
+    proxy_env = plain_env(containers(find(docs, "Deployment", names()["proxy"]))[0])
+    assert proxy_env[env.MAX_HEADER_BYTES] == "8192"
+    assert proxy_env[env.IDLE_TIMEOUT_SECONDS] == "2.5"
+    assert proxy_env[env.QUOTA_BYTES] == "1073741824"
+    assert proxy_env[env.QUOTA_BURST] == "5"
+
+
 def test_digest_pins_every_sessionmem_image() -> None:
     digest = "sha256:" + "ab" * 32
     docs = render("--set", f"image.digest={digest}")
@@ -593,7 +729,12 @@ def test_rbac_is_least_privilege() -> None:
     assert (kube.GROUP, "agentdeployments/status", "patch") in operator
     assert ("serving.knative.dev", "services", "create") in operator
     proxy = _rules(find(docs, "ClusterRole", n["proxy"]))
-    assert proxy == {(kube.GROUP, kube.REGISTRY_PLURAL, verb) for verb in ("get", "list", "watch")}
+    # Reads only: registries (shared-scope membership) and AgentDeployments (their quota).
+    assert proxy == {
+        (kube.GROUP, plural, verb)
+        for plural in (kube.REGISTRY_PLURAL, kube.AGENT_PLURAL)
+        for verb in ("get", "list", "watch")
+    }
     delegator = find(docs, "ClusterRoleBinding", f"{n['proxy']}-auth-delegator")
     assert delegator["roleRef"]["name"] == "system:auth-delegator"
     assert delegator["subjects"] == [{"kind": "ServiceAccount", "name": n["proxy"], "namespace": NAMESPACE}]
@@ -607,12 +748,16 @@ def test_rbac_is_least_privilege() -> None:
         "customresourcedefinitions",
         "namespaces",
     }
-    roles = [d for d in scoped if d["kind"] == "Role"]
+    events = find(scoped, "Role", f"{n['operator']}-events")  # registry Events, in the operator's namespace
+    assert events["metadata"]["namespace"] == NAMESPACE
+    assert _rules(events) == {("", "events", "create")}
+    assert find(scoped, "RoleBinding", f"{n['operator']}-events")["roleRef"]["name"] == f"{n['operator']}-events"
+    roles = [d for d in scoped if d["kind"] == "Role" and d is not events]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     cluster_scoped = {"agentregistries", "agentregistries/status", "customresourcedefinitions"}
     namespaced = {r for r in operator if r[1] not in cluster_scoped}
     assert all(_rules(role) == namespaced for role in roles)
-    bindings = [d for d in scoped if d["kind"] == "RoleBinding"]
+    bindings = [d for d in scoped if d["kind"] == "RoleBinding" and not d["metadata"]["name"].endswith("-events")]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert {(r[0], r[1]) for r in _rules(roles[0])} >= {(kube.GROUP, "agentdeployments"), ("apps", "deployments")}
 

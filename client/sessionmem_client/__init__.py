@@ -26,6 +26,7 @@ from sessionmem_core.errors import (
     PayloadTooLarge,
     SessionMemError,
     Unauthenticated,
+    UserCapabilityRequired,
     VersionConflict,
 )
 from sessionmem_core.ids import is_valid_id, new_conversation_id, validate_conversation_id
@@ -72,6 +73,7 @@ __all__ = [
     "SearchResponse",
     "SessionMemError",
     "Unauthenticated",
+    "UserCapabilityRequired",
     "UserErasure",
     "VersionConflict",
     "default_base_url",

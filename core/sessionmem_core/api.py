@@ -18,6 +18,10 @@ CAP_PARAM = "cap"
 TTL_PARAM = "ttlSeconds"
 SCOPE_PARAM = "scope"
 REDACT_PARAM = "redact"
+# The proxy's built-in redactors, in the order it applies them (cards before phones: a card number would
+# otherwise look like a long phone number). Any other name must be defined by the proxy's
+# SESSIONMEM_REDACT_PATTERNS; the operator checks an agent's list against both.
+BUILTIN_REDACTORS = ("email", "card", "phone")
 LIMIT_PARAM = "limit"
 
 # Response headers that repeat what a memory response says, so the launcher can trace it unparsed.

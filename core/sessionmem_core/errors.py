@@ -40,6 +40,13 @@ class Unauthenticated(SessionMemError):
     status = 401
 
 
+class UserCapabilityRequired(Unauthenticated):
+    """An agent that keeps memory per user was called without the user's run capability: refused, never
+    answered from a shared bucket."""
+
+    error_type = "user_capability_required"
+
+
 class Forbidden(SessionMemError):
     error_type = "forbidden"
     status = 403

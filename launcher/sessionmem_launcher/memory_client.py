@@ -12,7 +12,7 @@ from typing import Protocol
 
 from sessionmem_core import api
 from sessionmem_core.env import VALKEY_URL, LauncherSettings
-from sessionmem_core.errors import BackendUnavailable, Unauthenticated
+from sessionmem_core.errors import BackendUnavailable, UserCapabilityRequired
 from sessionmem_core.http_client import AsgiClient, HttpClient, HttpResponse
 from sessionmem_core.telemetry import inject_traceparent
 
@@ -20,10 +20,6 @@ _CAPABILITY = api.USER_CAPABILITY_HEADER.encode()
 _SCOPE = api.SCOPE_HEADER.encode()
 # Set from the pod's configuration on every forwarded call, whatever the agent sent.
 _POD_PARAMS = frozenset({api.SCOPE_PARAM, api.CAP_PARAM, api.TTL_PARAM, api.REDACT_PARAM})
-
-
-class UserCapabilityRequired(Unauthenticated):
-    error_type = "user_capability_required"
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ before it touches the cluster.
 
 YAML keys (all optional)::
 
-    proxyUrl: http://sessionmem-proxy.sessionmem.svc:8000   # unset: launchers talk to Valkey directly
+    proxyUrl: http://sessionmem-proxy.sessionmem.svc:8000   # unset: no memory (MemoryReady False says so)
     launcherImage: ghcr.io/ctxmesh/sessionmem:0.1.0
     audience: sessionmem-proxy
     tokenExpirationSeconds: 600
@@ -12,11 +12,16 @@ YAML keys (all optional)::
     livenessEndpoint: http://0.0.0.0:8080/healthz
     logFormat: json                      # json | plain
     launcherResources: {requests: {cpu: 25m, memory: 64Mi}, limits: {memory: 256Mi}}
+    redactors: [employee-id]             # the proxy's custom redactors (its SESSIONMEM_REDACT_PATTERNS names)
+    userCapabilities: false              # the proxy verifies users' run capabilities (perUser works)
+    resyncSeconds: 60                    # every AgentDeployment is re-applied this often (drift repair)
+    launcherLimits: {maxHeaderBytes: 8192, idleTimeoutSeconds: 15}   # unset keys: the launcher's defaults
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +31,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from sessionmem_core import env
+from sessionmem_core.api import BUILTIN_REDACTORS
 from sessionmem_core.env import ConfigError
 
 DEFAULT_LAUNCHER_IMAGE = "ghcr.io/ctxmesh/sessionmem:0.1.0"
@@ -38,6 +44,24 @@ DEFAULT_LAUNCHER_RESOURCES: Mapping[str, Mapping[str, str]] = {
     "limits": {"memory": "256Mi"},
 }
 LOG_FORMATS = ("json", "plain")
+# Often enough that drift (a deleted ServiceAccount, a hand-edited child) does not outlive a coffee break,
+# rarely enough that a thousand agents cost a few applies a second.
+DEFAULT_RESYNC_SECONDS = 60.0
+MIN_RESYNC_SECONDS = 1.0
+# The CRD's rule for a redactor name (crds.REDACTOR_PATTERN), checked here so a typo fails at start-up.
+_REDACTOR_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+# The launcher's serving limits an operator may set for every agent pod: config key -> the env name the
+# launcher reads (the same names the chart's proxy.limits use for the proxy).
+LAUNCHER_LIMITS: Mapping[str, str] = {
+    "maxHeaderBytes": env.MAX_HEADER_BYTES,
+    "maxHeaderCount": env.MAX_HEADER_COUNT,
+    "maxUrlBytes": env.MAX_URL_BYTES,
+    "maxBodyBytes": env.MAX_REQUEST_BODY_BYTES,
+    "headerTimeoutSeconds": env.HEADER_TIMEOUT_SECONDS,
+    "bodyTimeoutSeconds": env.BODY_TIMEOUT_SECONDS,
+    "idleTimeoutSeconds": env.IDLE_TIMEOUT_SECONDS,
+    "maxConnections": env.MAX_CONNECTIONS,
+}
 
 _FILE_KEYS = {
     "proxyUrl",
@@ -48,6 +72,10 @@ _FILE_KEYS = {
     "livenessEndpoint",
     "logFormat",
     "launcherResources",
+    "redactors",
+    "userCapabilities",
+    "resyncSeconds",
+    "launcherLimits",
 }
 
 
@@ -61,6 +89,13 @@ class OperatorConfig:
     liveness_endpoint: str | None = None
     log_format: str = "json"
     launcher_resources: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: DEFAULT_LAUNCHER_RESOURCES)
+    # Redactor names the proxy defines besides the built-in ones (the keys of its SESSIONMEM_REDACT_PATTERNS).
+    redactors: tuple[str, ...] = ()
+    # Whether the proxy verifies users' run capabilities: without it every perUser call is refused.
+    user_capabilities: bool = False
+    resync_seconds: float = DEFAULT_RESYNC_SECONDS
+    # (env name, value) pairs added to every launcher's env; empty: the launcher's own defaults.
+    launcher_limits: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.launcher_image or any(c.isspace() for c in self.launcher_image):
@@ -78,6 +113,18 @@ class OperatorConfig:
             )
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"log format {self.log_format!r} must be one of {', '.join(LOG_FORMATS)}")
+        for name in self.redactors:
+            if not _REDACTOR_NAME.match(name):
+                raise ConfigError(f"redactor name {name!r} must match {_REDACTOR_NAME.pattern}")
+            if name in BUILTIN_REDACTORS:
+                raise ConfigError(f"redactor {name!r} is built into the proxy: it cannot be redefined")
+        if not self.resync_seconds >= MIN_RESYNC_SECONDS:
+            raise ConfigError(f"resyncSeconds={self.resync_seconds} must be at least {MIN_RESYNC_SECONDS}")
+
+    @property
+    def known_redactors(self) -> frozenset[str]:
+        """Every redactor name the proxy accepts."""
+        return frozenset(BUILTIN_REDACTORS) | frozenset(self.redactors)
 
     @property
     def clusterwide(self) -> bool:
@@ -112,13 +159,21 @@ class OperatorConfig:
         if values.get("tokenExpirationSeconds") not in (None, ""):
             kwargs["token_expiration_seconds"] = _as_int("tokenExpirationSeconds", values["tokenExpirationSeconds"])
         if values.get("namespaces"):
-            kwargs["namespaces"] = _as_names(values["namespaces"])
+            kwargs["namespaces"] = _as_names(values["namespaces"], "namespaces")
         if values.get("livenessEndpoint"):
             kwargs["liveness_endpoint"] = str(values["livenessEndpoint"])
         if values.get("logFormat"):
             kwargs["log_format"] = str(values["logFormat"])
         if values.get("launcherResources") is not None:
             kwargs["launcher_resources"] = _as_resources(values["launcherResources"])
+        if values.get("redactors"):
+            kwargs["redactors"] = _as_names(values["redactors"], "redactors")
+        if values.get("userCapabilities") is not None:
+            kwargs["user_capabilities"] = _as_bool("userCapabilities", values["userCapabilities"])
+        if values.get("resyncSeconds") not in (None, ""):
+            kwargs["resync_seconds"] = _as_float("resyncSeconds", values["resyncSeconds"])
+        if values.get("launcherLimits"):
+            kwargs["launcher_limits"] = _as_limits(values["launcherLimits"])
         return cls(**kwargs)
 
 
@@ -147,14 +202,50 @@ def _as_int(name: str, raw: object) -> int:
         raise ConfigError(f"{name}={raw!r} is not an integer") from exc
 
 
-def _as_names(raw: object) -> tuple[str, ...]:
+def _as_float(name: str, raw: object) -> float:
+    if isinstance(raw, bool):
+        raise ConfigError(f"{name}={raw!r} is not a number")
+    try:
+        return float(str(raw))
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not a number") from exc
+
+
+def _as_bool(name: str, raw: object) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean")
+
+
+def _as_names(raw: object, name: str) -> tuple[str, ...]:
     if isinstance(raw, str):
         items = [part.strip() for part in raw.split(",")]
     elif isinstance(raw, list):
         items = [str(part).strip() for part in raw]
     else:
-        raise ConfigError(f"namespaces={raw!r} must be a list of names")
+        raise ConfigError(f"{name}={raw!r} must be a list of names")
     return tuple(item for item in items if item)
+
+
+def _as_limits(raw: object) -> tuple[tuple[str, str], ...]:
+    if not isinstance(raw, dict) or not set(raw) <= set(LAUNCHER_LIMITS):
+        raise ConfigError(f"launcherLimits must be a mapping with keys among {', '.join(LAUNCHER_LIMITS)}")
+    limits = []
+    for key, value in sorted(raw.items()):
+        number = _as_float(f"launcherLimits.{key}", value)
+        if not number > 0:
+            raise ConfigError(f"launcherLimits.{key}={value!r} must be positive")
+        if not key.endswith("Seconds") and not number.is_integer():
+            raise ConfigError(f"launcherLimits.{key}={value!r} must be a whole number")
+        # Counts and sizes stay integers; timeouts may be fractional.
+        text = str(number) if key.endswith("Seconds") else str(int(number))
+        limits.append((LAUNCHER_LIMITS[key], text))
+    return tuple(limits)
 
 
 def _as_resources(raw: object) -> Mapping[str, Mapping[str, str]]:

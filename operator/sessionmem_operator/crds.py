@@ -1,7 +1,9 @@
 """The CustomResourceDefinitions, built from the shared contract so no bound or default is written twice.
 
-``crds/agentdeployment.yaml`` and ``crds/agentregistry.yaml`` are generated from this module
-(``python -m sessionmem_operator.crds --write crds``); a unit test fails when they drift apart.
+``charts/sessionmem/crds/agentdeployment.yaml`` and ``.../agentregistry.yaml`` are generated from this module
+(``make crds``: ``python -m sessionmem_operator.crds --write charts/sessionmem/crds``) straight into the folder
+Helm installs them from; the top-level ``crds/`` is a symbolic link to it, so there is no copy to keep in
+sync. ``--check DIR`` (``make crds-check``) and a unit test fail when the files are stale.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from typing import Any
 import yaml
 
 from sessionmem_core import env, kube
+from sessionmem_core.api import BUILTIN_REDACTORS
 from sessionmem_core.ids import DNS_LABEL_MAX
 from sessionmem_core.keys import Scope
-from sessionmem_operator.spec import BUILTIN_REDACTORS, BUILTIN_SUMMARIZER, DEFAULT_TOKEN_COUNTER
+from sessionmem_operator.spec import BUILTIN_SUMMARIZER, DEFAULT_TOKEN_COUNTER
 
 Schema = dict[str, Any]
 
@@ -102,11 +105,14 @@ def _type_meta() -> dict[str, Schema]:
     }
 
 
-def _conditions() -> Schema:
+def _conditions(description: str = "Conditions Ready and MemoryReady.") -> Schema:
     condition = obj(
         "One aspect of the object's state, in the metav1.Condition format.",
         {
-            "type": string("Ready (mirrors the workload) or MemoryReady (memory wiring resolved).", maxLength=316),
+            "type": string(
+                "Ready (mirrors the workload), MemoryReady (memory wiring resolved) or MembersWired (registry).",
+                maxLength=316,
+            ),
             "status": string("True, False or Unknown.", enum=["True", "False", "Unknown"]),
             "reason": string("A CamelCase word for the last transition, e.g. NotARegistryMember.", maxLength=1024),
             "message": string("A human-readable explanation of the last transition.", maxLength=32768),
@@ -118,9 +124,37 @@ def _conditions() -> Schema:
         required=["type", "status", "lastTransitionTime"],
     )
     return array(
-        "Conditions Ready and MemoryReady.",
+        description,
         condition,
         **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"], "maxItems": 8},
+    )
+
+
+def _quota_schema() -> Schema:
+    return obj(
+        "Per-agent limits the state-layer proxy enforces for this agent, overriding the chart's defaults "
+        "(proxy.quota). Over a storage quota a write is refused with 507, over the request rate a call is "
+        "refused with 429; only this agent is affected. Unset fields keep the chart's defaults.",
+        {
+            "maxConversations": integer(
+                "How many conversations this agent may hold at once (a write that would start one more is "
+                f"refused). Chart default: {env.DEFAULT_QUOTA_CONVERSATIONS}.",
+                minimum=1,
+                format="int64",
+            ),
+            "maxBytes": integer(
+                "How many bytes of stored conversation this agent may hold in total. Chart default: "
+                f"{env.DEFAULT_QUOTA_BYTES} ({env.DEFAULT_QUOTA_BYTES // (1024 * 1024)} MiB).",
+                minimum=1,
+                format="int64",
+            ),
+            "requestsPerSecond": integer(
+                "Sustained memory calls per second this agent may make (the proxy allows short bursts above "
+                f"it, up to the chart's proxy.quota.burst). Chart default: {env.DEFAULT_QUOTA_REQUESTS_PER_SECOND}.",
+                minimum=1,
+                format="int64",
+            ),
+        },
     )
 
 
@@ -146,8 +180,9 @@ def _memory_schema() -> Schema:
                 default=False,
             ),
             "backend": obj(
-                "Where conversations are stored when the operator is configured without a state-layer proxy "
-                "(direct mode). With a proxy configured the proxy owns the backend and this is ignored.",
+                "Deprecated and ignored: the launcher always reaches memory through the state-layer proxy, "
+                "which owns the backend (the chart's valkey or externalValkey). When set, MemoryReady carries "
+                "the reason BackendAddrIgnored and a Warning Event says so.",
                 {
                     "addr": string(
                         "Valkey address as host:port (a DNS name, an IPv4 address or a bracketed IPv6 address).",
@@ -213,9 +248,10 @@ def _memory_schema() -> Schema:
             "redact": array(
                 "Redactors the proxy applies to every message before anything is stored (what is replayed, "
                 f"exported or summarised is the redacted text): built-in {', '.join(BUILTIN_REDACTORS)}, or a "
-                "name the proxy's SESSIONMEM_REDACT_PATTERNS defines (a write naming an unknown redactor is "
-                "refused, so nothing is stored unredacted; in direct mode only the built-in ones exist). "
-                "Empty or unset: nothing is redacted.",
+                "name the proxy's SESSIONMEM_REDACT_PATTERNS defines (the chart value proxy.redactPatterns). A "
+                "write naming an unknown redactor is refused, so nothing is stored unredacted; the operator "
+                "reports such a name as MemoryReady=False, reason UnknownRedactor. Empty or unset: nothing is "
+                "redacted.",
                 string(
                     "A redactor name: lowercase letters, digits and '-', starting with a letter, at most 32.",
                     pattern=REDACTOR_PATTERN,
@@ -224,6 +260,7 @@ def _memory_schema() -> Schema:
                 maxItems=MAX_REDACTORS,
                 **{"x-kubernetes-list-type": "set"},
             ),
+            "quota": _quota_schema(),
             "summary": obj(
                 "Rolling summary (session scope only): when a conversation holds more than threshold entries, the "
                 "launcher folds everything older than the replay window into one summary entry, in the "
@@ -449,7 +486,22 @@ def agent_registry_schema() -> Schema:
                     },
                 ),
             ),
+            "unreachableMembers": array(
+                "Members outside the namespaces the operator watches (operator.watchNamespaces): not wired, "
+                "they keep their private layout until their namespace is watched.",
+                obj(
+                    "An AgentDeployment the operator may not touch.",
+                    {
+                        "namespace": string("Namespace of the AgentDeployment."),
+                        "name": string("Name of the AgentDeployment."),
+                    },
+                ),
+            ),
             "keyPrefix": string("The key prefix of the team's shared conversations, e.g. mem:shared:<name>:."),
+            "conditions": _conditions(
+                "Condition MembersWired: True when every member is in a namespace the operator watches, else "
+                "False naming the others and the chart value to change."
+            ),
         },
     )
     return obj(
@@ -543,6 +595,7 @@ def agent_registry_crd() -> dict[str, Any]:
         schema=agent_registry_schema(),
         columns=[
             _column("Members", ".status.memberCount", "How many agents the team lists.", type_="integer"),
+            _column("Wired", _condition_path("MembersWired"), "Every member could be wired."),
             _column("Prefix", ".status.keyPrefix", "Key prefix of the shared memory.", priority=1),
             _column("Age", ".metadata.creationTimestamp", "Time since creation.", type_="date"),
         ],
@@ -565,7 +618,7 @@ def apply_defaults(schema: Schema, value: Any) -> Any:
     return result
 
 
-HEADER = "# Generated by `python -m sessionmem_operator.crds --write crds` from sessionmem_core: do not edit.\n"
+HEADER = "# Generated by `make crds` (sessionmem_operator.crds) from sessionmem_core: do not edit.\n"
 
 CRD_FILES = {"agentdeployment.yaml": agent_deployment_crd, "agentregistry.yaml": agent_registry_crd}
 
@@ -574,10 +627,27 @@ def render_yaml(crd: dict[str, Any]) -> str:
     return HEADER + yaml.safe_dump(crd, sort_keys=False, width=120, allow_unicode=True)
 
 
+def stale_files(folder: Path) -> list[str]:
+    """The CRD files in `folder` that differ from what this module generates (or are missing)."""
+    stale = []
+    for file_name, build in CRD_FILES.items():
+        path = folder / file_name
+        if not path.is_file() or path.read_text(encoding="utf-8") != render_yaml(build()):
+            stale.append(file_name)
+    return stale
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--write", metavar="DIR", type=Path, help="write the CRD files into DIR (else print them)")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--write", metavar="DIR", type=Path, help="write the CRD files into DIR (else print them)")
+    target.add_argument("--check", metavar="DIR", type=Path, help="exit 1 if the CRD files in DIR are stale")
     args = parser.parse_args(argv)
+    if args.check is not None:
+        stale = stale_files(args.check)
+        for file_name in stale:
+            print(f"{args.check / file_name} is stale: run `make crds`", file=sys.stderr)
+        return 1 if stale else 0
     for file_name, build in CRD_FILES.items():
         text = render_yaml(build())
         if args.write is None:

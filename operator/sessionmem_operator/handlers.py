@@ -6,6 +6,7 @@ Run with ``python -m sessionmem_operator`` (or ``kopf run -m sessionmem_operator
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import kopf
@@ -22,6 +23,7 @@ RETRY_DELAY = 5.0
 # Refusals (4xx) are re-checked less often: most need a human, but some clear by themselves, e.g. the
 # children of a just-deleted AgentDeployment of the same name still awaiting garbage collection.
 SLOW_RETRY_DELAY = 30.0
+MAX_RETRY_DELAY = 900.0
 # Registry deletions have no kopf retry (they arrive as plain watch events): a few attempts of our own.
 DELETION_ATTEMPTS = 3
 
@@ -52,8 +54,11 @@ def _post_warning(body: Any, reason: str, message: str) -> None:
     kopf.warn(body, reason=reason, message=message)
 
 
-def _retry(exc: ReconcileError) -> kopf.TemporaryError:
-    return kopf.TemporaryError(str(exc), delay=RETRY_DELAY if exc.retriable else SLOW_RETRY_DELAY)
+def _retry(exc: ReconcileError, attempt: int) -> kopf.TemporaryError:
+    if exc.retriable:
+        return kopf.TemporaryError(str(exc), delay=RETRY_DELAY)
+    # Refusals back off (30 s, 60 s, ... up to 15 min): retrying a 403 or a 404 hot helps nobody.
+    return kopf.TemporaryError(str(exc), delay=min(SLOW_RETRY_DELAY * 2 ** min(attempt, 10), MAX_RETRY_DELAY))
 
 
 @kopf.on.login()
@@ -62,17 +67,35 @@ async def login(**_: Any) -> kopf.ConnectionInfo:
     return await kubeapi.connection_info(await kubeapi.load_configuration())
 
 
+async def _resync_forever(runtime: Runtime, index: Index, logger: Logger) -> None:
+    """Re-apply every AgentDeployment every resyncSeconds, so drift (a deleted ServiceAccount, a hand-edited
+    child) is repaired without waiting for a change to the AgentDeployment. One task for the operator, not
+    a kopf daemon or timer per object: those need a finalizer, which would block deleting AgentDeployments
+    whenever the operator is not running."""
+    while True:
+        await asyncio.sleep(runtime.config.resync_seconds)
+        await reconcile.resync_all(runtime, index, logger)
+
+
 @kopf.on.startup()
-async def start(*, settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any) -> None:
+async def start(*, settings: kopf.OperatorSettings, memo: Any, logger: Logger, **kwargs: Any) -> None:
     config = OperatorConfig.load()
     apply_settings(settings, config)
-    memo["runtime"] = Runtime(config=config, kube=await KubeApi.connect(), post_warning=_post_warning)
-    mode = f"via proxy {config.proxy_url}" if config.proxy_url else "direct to Valkey (no proxy configured)"
+    runtime = Runtime(config=config, kube=await KubeApi.connect(), post_warning=_post_warning)
+    memo["runtime"] = runtime
+    # kopf hands startup handlers the (still filling) index too; it is the same live object later on.
+    memo["resync"] = asyncio.create_task(_resync_forever(runtime, _index(kwargs), logger))
+    mode = f"via proxy {config.proxy_url}" if config.proxy_url else "off (no proxy URL configured)"
     logger.info("sessionmem operator: launcher %s, memory %s", config.launcher_image, mode)
 
 
 @kopf.on.cleanup()
 async def stop(*, memo: Any, **_: Any) -> None:
+    resync = memo.get("resync")
+    if isinstance(resync, asyncio.Task):
+        resync.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await resync
     runtime = memo.get("runtime")
     if isinstance(runtime, Runtime):
         await runtime.kube.close()
@@ -86,12 +109,14 @@ def registries_by_member(*, name: str, body: kopf.Body, **_: Any) -> dict[tuple[
 @kopf.on.resume(*AGENTS)
 @kopf.on.create(*AGENTS)
 @kopf.on.update(*AGENTS)
-async def agent_deployment(*, namespace: str | None, name: str, memo: Any, logger: Logger, **kwargs: Any) -> None:
+async def agent_deployment(
+    *, namespace: str | None, name: str, memo: Any, logger: Logger, retry: int, **kwargs: Any
+) -> None:
     assert namespace is not None  # a namespaced kind
     try:
         await reconcile.reconcile_agent(_runtime(memo), namespace, name, _index(kwargs), logger)
     except ReconcileError as exc:
-        raise _retry(exc) from exc
+        raise _retry(exc, retry) from exc
 
 
 @kopf.on.event("serving.knative.dev", "v1", "services", labels=OWNED)
@@ -107,11 +132,11 @@ async def workload(*, type: str | None, body: kopf.Body, memo: Any, logger: Logg
 @kopf.on.resume(*REGISTRIES)
 @kopf.on.create(*REGISTRIES)
 @kopf.on.update(*REGISTRIES)
-async def agent_registry(*, body: kopf.Body, memo: Any, logger: Logger, **kwargs: Any) -> None:
+async def agent_registry(*, body: kopf.Body, memo: Any, logger: Logger, retry: int, **kwargs: Any) -> None:
     try:
         await reconcile.registry_changed(_runtime(memo), body, _index(kwargs), logger, deleted=False)
     except ReconcileError as exc:
-        raise _retry(exc) from exc
+        raise _retry(exc, retry) from exc
 
 
 @kopf.on.event(*REGISTRIES, when=lambda type, **_: type == "DELETED")

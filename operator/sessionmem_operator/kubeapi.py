@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -30,6 +31,7 @@ _JSON = "application/json"
 _APPLY = "application/apply-patch+yaml"
 _MERGE = "application/merge-patch+json"
 _DEFAULT_KUBECONFIG = os.path.expanduser("~/.kube/config")
+_POD_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,13 @@ class Kind:
     kind: str
     plural: str
     namespaced: bool = True
+
+    def collection_path(self, namespace: str | None) -> str:
+        """The list path: in one namespace, or across all (None) for a namespaced kind."""
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        return f"{base}/{self.plural}"
 
     def path(self, namespace: str | None, name: str, subresource: str | None = None) -> str:
         base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
@@ -105,6 +114,14 @@ async def load_configuration() -> Any:
     return configuration
 
 
+def own_namespace() -> str | None:
+    """The operator pod's namespace (None outside a pod): where Events about cluster-scoped objects go."""
+    try:
+        return Path(_POD_NAMESPACE_FILE).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
 async def connection_info(configuration: Any) -> kopf.ConnectionInfo:
     """The same credentials for kopf's own watches, so the operator logs in exactly one way."""
     header = await configuration.get_api_key_with_prefix("BearerToken")
@@ -119,6 +136,7 @@ async def connection_info(configuration: Any) -> kopf.ConnectionInfo:
         token=token or None,
         certificate_path=configuration.cert_file,
         private_key_path=configuration.key_file,
+        default_namespace=own_namespace(),
     )
 
 
@@ -170,6 +188,20 @@ class KubeApi:
             if exc.status == 404:
                 return None
             raise
+
+    async def list_names(self, kind: Kind, namespace: str | None) -> list[tuple[str, str]]:
+        """(namespace, name) of every object of `kind` in `namespace` (None: all namespaces), paged."""
+        found: list[tuple[str, str]] = []
+        token = ""
+        while True:
+            query = [("limit", "500")] + ([("continue", token)] if token else [])
+            page = await self._call("GET", kind.collection_path(namespace), query=query)
+            for item in page.get("items") or ():
+                meta = item.get("metadata") or {}
+                found.append((str(meta.get("namespace") or ""), str(meta.get("name"))))
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return found
 
     async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Create or update by server-side apply. Forced: the operator owns every field it renders, and a

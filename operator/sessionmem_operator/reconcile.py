@@ -13,14 +13,14 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sessionmem_core import kube
 from sessionmem_operator import kubeapi, registry
 from sessionmem_operator.config import OperatorConfig
 from sessionmem_operator.kubeapi import KubeApi, kind_of
-from sessionmem_operator.render import ObjectRef, render
+from sessionmem_operator.render import KNATIVE_SERVICE_KIND, ObjectRef, render
 from sessionmem_operator.spec import AgentSpec, SpecError, parse_agent
 from sessionmem_operator.status import (
     MEMORY_READY,
@@ -34,7 +34,7 @@ from sessionmem_operator.status import (
     workload_state,
     workload_status,
 )
-from sessionmem_operator.wiring import MemoryResolution, resolve_memory
+from sessionmem_operator.wiring import MemoryReason, MemoryResolution, resolve_memory
 
 # (namespace, agent) -> registry names, as kept by kopf's index of AgentRegistries.
 MembershipIndex = Mapping[tuple[str, str], Iterable[str]]
@@ -108,14 +108,15 @@ async def _remove_stale(runtime: Runtime, agent: AgentSpec, stale: Iterable[Obje
 def _post_warning_on_transition(
     runtime: Runtime, body: Mapping[str, Any], previous: Mapping[str, Any], resolution: MemoryResolution
 ) -> None:
-    """A Warning Event when the wiring falls short of the request, once per transition (a resync or a
-    restart does not repeat it)."""
+    """A Warning Event per finding when the wiring falls short of the request, once per change of the
+    MemoryReady condition (a resync or a restart does not repeat them)."""
     if not resolution.warning:
         return
     old = condition_of(previous, MEMORY_READY)
-    if old is not None and old.get("reason") == resolution.reason.value:
+    if old is not None and old.get("reason") == resolution.reason.value and old.get("message") == resolution.message:
         return
-    runtime.post_warning(body, resolution.reason.value, resolution.message)
+    for finding in resolution.findings:
+        runtime.post_warning(body, finding.reason.value, finding.message)
 
 
 async def _write_status(
@@ -126,6 +127,28 @@ async def _write_status(
         return False
     await runtime.kube.patch_status(kubeapi.AGENT_DEPLOYMENT, namespace, name, patch)
     return True
+
+
+KNATIVE_MISSING = MemoryReason.KNATIVE_SERVING_NOT_INSTALLED.value
+KNATIVE_MISSING_MESSAGE = "Knative Serving is not installed; use executionModel: deployment"
+
+
+def _apply_failure(
+    exc: kubeapi.KubeError, workload: ObjectRef, resolution: MemoryResolution
+) -> tuple[WorkloadState, MemoryResolution]:
+    """Ready (and, when nothing could run, MemoryReady) after an apply the API server refused for good."""
+    if exc.status == 404 and (workload.api_version, workload.kind) == KNATIVE_SERVICE_KIND:
+        # The kind is not served at all: no pod will ever run, so no memory call either.
+        ready = Condition(READY, "False", KNATIVE_MISSING, KNATIVE_MISSING_MESSAGE)
+        if resolution.enabled:
+            resolution = replace(
+                resolution,
+                reason=MemoryReason.KNATIVE_SERVING_NOT_INSTALLED,
+                message=KNATIVE_MISSING_MESSAGE,
+                ready=False,
+            )
+        return WorkloadState(ready), resolution
+    return WorkloadState(Condition(READY, "False", "ApplyFailed", exc.message)), resolution
 
 
 def _as_reconcile_error(exc: kubeapi.KubeError, what: str) -> ReconcileError:
@@ -164,7 +187,7 @@ async def _reconcile_locked(
     except kubeapi.KubeError as exc:
         if not exc.retriable:
             # Say so on the object (e.g. a webhook or RBAC refusing the workload) before giving up.
-            failed = WorkloadState(Condition(READY, "False", "ApplyFailed", exc.message))
+            failed, resolution = _apply_failure(exc, rendered.workload, resolution)
             desired = reconciled_status(
                 previous,
                 generation=agent.generation,
@@ -173,7 +196,15 @@ async def _reconcile_locked(
                 state=failed,
                 now=now_rfc3339(),
             )
+            old_ready = condition_of(previous, READY) or {}
+            knative_missing = failed.ready.reason == KNATIVE_MISSING
+            if knative_missing and old_ready.get("reason") != KNATIVE_MISSING:
+                runtime.post_warning(body, KNATIVE_MISSING, failed.ready.message)
             await _write_status(runtime, namespace, name, previous, desired)
+            if knative_missing:
+                # Said and final until the spec changes (a new event) or Knative is installed (the periodic
+                # resync sees it): a pending retry would only delay the reconcile of the advised fix.
+                return
         raise
     # Clean-up only matters after a change of execution model (or a first reconcile).
     if _workload_ref_of(previous) != rendered.workload:
@@ -250,29 +281,63 @@ async def registry_changed(
 ) -> None:
     """Re-wire the agents a registry lists now or listed before, then record the members it wired.
 
-    Every affected agent is attempted; if any fails the status is not updated, so the next attempt
+    Members outside the watched namespaces are not attempted (the operator has no rights there: every try
+    would be a 403): the registry's status and a Warning Event name them and the chart value to change.
+    Every other affected agent is attempted; if any fails the status is not updated, so the next attempt
     (kopf's retry) sees the same affected set."""
-    if not deleted and registry.registry_up_to_date(body):
+    watched = runtime.config.namespaces
+    if not deleted and registry.registry_up_to_date(body, watched):
         return
-    affected = sorted(registry.affected_members(body))
+    affected = registry.affected_members(body)
+    unreachable = registry.unreachable_members(affected, watched)
+    reachable = sorted(affected - unreachable)
     results = await asyncio.gather(
-        *(reconcile_agent(runtime, member.namespace, member.name, index, logger) for member in affected),
+        *(reconcile_agent(runtime, member.namespace, member.name, index, logger) for member in reachable),
         return_exceptions=True,
     )
     failures = [
-        (member, result) for member, result in zip(affected, results, strict=True) if isinstance(result, BaseException)
+        (member, result) for member, result in zip(reachable, results, strict=True) if isinstance(result, BaseException)
     ]
     for member, failure in failures:
         logger.warning("re-wiring %s/%s failed: %s", member.namespace, member.name, failure)
     if failures:
         retriable = all(isinstance(f, ReconcileError) and f.retriable for _, f in failures)
-        raise ReconcileError(f"{len(failures)} of {len(affected)} members could not be re-wired", retriable=retriable)
+        raise ReconcileError(f"{len(failures)} of {len(reachable)} members could not be re-wired", retriable=retriable)
     if deleted:
         return
     registry_name = str(_meta(body).get("name"))
+    status = registry.registry_status(body, watched)
+    previous: Mapping[str, Any] = body.get("status") or {}
+    now = now_rfc3339()
+    for condition in status["conditions"]:
+        old = condition_of(previous, str(condition["type"])) or {}
+        same = old.get("status") == condition["status"]
+        condition["lastTransitionTime"] = old.get("lastTransitionTime", now) if same else now
+        if condition["status"] == "False" and (not same or old.get("message") != condition["message"]):
+            runtime.post_warning(body, str(condition["reason"]), str(condition["message"]))
     try:
-        await runtime.kube.patch_status(kubeapi.AGENT_REGISTRY, None, registry_name, registry.registry_status(body))
+        await runtime.kube.patch_status(kubeapi.AGENT_REGISTRY, None, registry_name, status)
     except kubeapi.KubeError as exc:
         if exc.status != 404:  # deleted meanwhile: its DELETED event re-wires the members
             raise _as_reconcile_error(exc, f"recording the members of AgentRegistry {registry_name}") from exc
-    logger.info("AgentRegistry %s: %d member(s) wired", registry_name, len(registry.spec_members(body)))
+    logger.info("AgentRegistry %s: %d member(s) wired", registry_name, len(reachable))
+
+
+async def resync_all(runtime: Runtime, index: MembershipIndex, logger: Logger) -> int:
+    """Reconcile every AgentDeployment the operator watches, one at a time (a resync must not burst the
+    API server); returns how many were reconciled. Failures are logged: the next resync tries again."""
+    namespaces: Iterable[str | None] = runtime.config.namespaces or (None,)
+    done = 0
+    for namespace in namespaces:
+        try:
+            agents = await runtime.kube.list_names(kubeapi.AGENT_DEPLOYMENT, namespace)
+        except kubeapi.KubeError as exc:
+            logger.warning("resync: listing AgentDeployments failed: %s", exc)
+            continue
+        for agent_namespace, name in agents:
+            try:
+                await reconcile_agent(runtime, agent_namespace, name, index, logger)
+                done += 1
+            except ReconcileError as exc:
+                logger.warning("resync of %s/%s failed: %s", agent_namespace, name, exc)
+    return done

@@ -19,7 +19,6 @@ from sessionmem_operator.wiring import (
     agent_memory_env,
     launcher_container,
     token_volume,
-    uses_token,
     wiring_hash,
 )
 
@@ -115,8 +114,7 @@ def pod_template(agent: AgentSpec, resolution: MemoryResolution, config: Operato
     sa_name = kube.agent_service_account(agent.name)
     if resolution.enabled:
         launcher = launcher_container(agent, resolution, config)
-        if uses_token(config):
-            volumes.append(token_volume(config))
+        volumes.append(token_volume(config))
         # The launcher comes first: it owns the serving port, and Knative routes to the container with a port.
         containers.insert(0, launcher)
         digest = wiring_hash(launcher, volumes, sa_name)

@@ -28,9 +28,6 @@ class SpecError(ValueError):
 # What the launcher does when the spec says nothing (sessionmem_core.env.LauncherSettings' defaults).
 DEFAULT_TOKEN_COUNTER = "approx"
 BUILTIN_SUMMARIZER = "builtin"
-# The proxy's built-in redactors (sessionmem_proxy.redaction.BUILTIN); others come from the proxy's
-# SESSIONMEM_REDACT_PATTERNS, which a launcher in direct mode does not have.
-BUILTIN_REDACTORS = ("email", "phone", "card")
 
 _DURATION = re.compile(r"^(?:(?P<h>[0-9]+)h)?(?:(?P<m>[0-9]+)m)?(?:(?P<s>[0-9]+)s)?$")
 

@@ -5,8 +5,10 @@ happens.
 - ``Ready`` mirrors the workload: Knative's own Ready condition, or a Deployment's rollout and
   Available condition, and only once the workload has observed its latest generation (a stale Ready=True
   from the previous revision must not survive a change).
-- ``MemoryReady`` is True when the requested wiring is in effect, else False with the reason
-  (``Disabled``, ``NotARegistryMember``, ``AmbiguousRegistry``).
+- ``MemoryReady`` is True when a memory call from the agent can succeed, else False with the reason and
+  the fix (``Disabled``, ``NotARegistryMember``, ``AmbiguousRegistry``, ``NoProxyConfigured``,
+  ``UnknownRedactor``, ``UserCapabilityKeyMissing``, ``KnativeServingNotInstalled``). True may carry a
+  warning reason (``BackendAddrIgnored``).
 """
 
 from __future__ import annotations

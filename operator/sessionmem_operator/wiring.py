@@ -15,9 +15,10 @@ from enum import StrEnum
 from typing import Any
 
 from sessionmem_core import env, kube
+from sessionmem_core.api import BUILTIN_REDACTORS
 from sessionmem_core.keys import Scope, session_prefix, shared_prefix
 from sessionmem_operator.config import OperatorConfig
-from sessionmem_operator.spec import BUILTIN_REDACTORS, DEFAULT_TOKEN_COUNTER, AgentSpec
+from sessionmem_operator.spec import DEFAULT_TOKEN_COUNTER, AgentSpec
 
 LAUNCHER_CONTAINER = "sessionmem-launcher"
 LAUNCHER_COMMAND = ["python", "-m", "sessionmem_launcher"]
@@ -30,91 +31,165 @@ class MemoryReason(StrEnum):
     DISABLED = "Disabled"
     NOT_A_REGISTRY_MEMBER = "NotARegistryMember"
     AMBIGUOUS_REGISTRY = "AmbiguousRegistry"
+    NO_PROXY_CONFIGURED = "NoProxyConfigured"
+    UNKNOWN_REDACTOR = "UnknownRedactor"
+    USER_CAPABILITY_KEY_MISSING = "UserCapabilityKeyMissing"
+    BACKEND_ADDR_IGNORED = "BackendAddrIgnored"
+    KNATIVE_SERVING_NOT_INSTALLED = "KnativeServingNotInstalled"
+
+
+# Chart values that fix each finding, named in its message so the reader knows what to change.
+PROXY_URL_VALUE = "operator.proxyUrl"
+REDACT_PATTERNS_VALUE = "proxy.redactPatterns"
+CAPABILITY_KEY_VALUE = "proxy.capabilityKey.enabled"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """Something about an agent's memory request that the operator cannot honour as asked. A blocking
+    finding means memory calls will fail: MemoryReady goes False. Every finding is a Warning Event."""
+
+    reason: MemoryReason
+    message: str
+    blocking: bool
 
 
 @dataclass(frozen=True, slots=True)
 class MemoryResolution:
     """The outcome of wiring an agent's memory: what is in effect and, when it differs from the request,
-    why. ``scope``/``key_prefix`` are None only when memory is disabled."""
+    why. ``scope``/``key_prefix`` are None when no launcher is injected (memory off, or no proxy to reach).
+    ``ready`` is True only when a memory call from the agent can succeed."""
 
     reason: MemoryReason
     message: str
     scope: Scope | None = None
     registry: str | None = None
     key_prefix: str | None = None
+    ready: bool = False
+    findings: tuple[Finding, ...] = ()
 
     @property
     def enabled(self) -> bool:
         return self.scope is not None
 
     @property
-    def ready(self) -> bool:
-        return self.reason is MemoryReason.WIRED
-
-    @property
     def warning(self) -> bool:
-        """The request could not be honoured: worth a Warning Event, not just a condition."""
-        return self.reason in (MemoryReason.NOT_A_REGISTRY_MEMBER, MemoryReason.AMBIGUOUS_REGISTRY)
+        """The request could not be honoured as asked: worth a Warning Event, not just a condition."""
+        return bool(self.findings)
 
 
-def _backend_note(agent: AgentSpec, config: OperatorConfig) -> str:
+def memory_findings(agent: AgentSpec, config: OperatorConfig) -> list[Finding]:
+    """What will not work as the agent asks, given how the proxy is configured; blocking ones first."""
+    memory = agent.memory
+    assert memory is not None
+    findings: list[Finding] = []
+    unknown = sorted(set(memory.redact) - config.known_redactors)
+    if unknown:
+        custom = ", ".join(config.redactors) or "none"
+        findings.append(
+            Finding(
+                MemoryReason.UNKNOWN_REDACTOR,
+                f"spec.sessionMemory.redact names {', '.join(unknown)}, which the proxy does not know (built in: "
+                f"{', '.join(BUILTIN_REDACTORS)}; configured: {custom}): every write would be refused. Define "
+                f"them in the chart value {REDACT_PATTERNS_VALUE} (name -> regex) or remove them from the list",
+                blocking=True,
+            )
+        )
+    if memory.per_user and not config.user_capabilities:
+        findings.append(
+            Finding(
+                MemoryReason.USER_CAPABILITY_KEY_MISSING,
+                "spec.sessionMemory.perUser is true but the proxy has no key to verify users' run capabilities: "
+                f"every call would be refused (401). Set the chart value {CAPABILITY_KEY_VALUE}=true (and give "
+                "the service that signs capabilities the same key), or drop perUser",
+                blocking=True,
+            )
+        )
+    if memory.backend_addr:
+        findings.append(
+            Finding(
+                MemoryReason.BACKEND_ADDR_IGNORED,
+                f"spec.sessionMemory.backend.addr ({memory.backend_addr}) is ignored: the launcher always goes "
+                "through the state-layer proxy, which owns the backend (the chart's valkey or externalValkey); "
+                "remove the field",
+                blocking=False,
+            )
+        )
+    return findings
+
+
+def _scope_resolution(agent: AgentSpec, registries: Sequence[str]) -> MemoryResolution:
+    """The scope in effect. Shared needs exactly one registry listing the agent; otherwise the private
+    layout stays (never a rootless shared key) and the reason says why."""
     assert agent.memory is not None
-    if config.proxy_url is not None:
-        ignored = " (spec.sessionMemory.backend.addr is ignored: the proxy owns the backend)"
-        return f"via the state-layer proxy {config.proxy_url}" + (ignored if agent.memory.backend_addr else "")
-    unknown = [name for name in agent.memory.redact if name not in BUILTIN_REDACTORS]
-    refused = (
-        f" (redactors {', '.join(unknown)} are not built in and direct mode has no SESSIONMEM_REDACT_PATTERNS: "
-        "writes will be refused)"
-        if unknown
-        else ""
-    )
-    return f"directly on {backend_addr(agent)}" + refused
-
-
-def backend_addr(agent: AgentSpec) -> str:
-    """Direct mode (no proxy configured): the agent's backend, else the chart's default Valkey."""
-    assert agent.memory is not None
-    return agent.memory.backend_addr or env.DEFAULT_BACKEND_ADDR
-
-
-def resolve_memory(agent: AgentSpec, registries: Sequence[str], config: OperatorConfig) -> MemoryResolution:
-    """Decide the scope in effect. Shared needs exactly one registry listing the agent; otherwise the
-    private layout stays (never a rootless shared key) and the reason says why."""
-    if agent.memory is None:
-        return MemoryResolution(MemoryReason.DISABLED, "spec.sessionMemory is not set: the agent runs without memory")
     private = session_prefix(agent.owner)
-    backend = _backend_note(agent, config)
     if agent.memory.scope is Scope.SESSION:
         return MemoryResolution(
-            MemoryReason.WIRED, f"session scope, key prefix {private}, {backend}", Scope.SESSION, None, private
+            MemoryReason.WIRED, f"session scope, key prefix {private}", Scope.SESSION, None, private, ready=True
         )
     registry = kube.effective_registry(registries)
     if registry is not None:
         prefix = shared_prefix(registry)
         return MemoryResolution(
             MemoryReason.WIRED,
-            f"shared scope of AgentRegistry {registry}, key prefix {prefix}, {backend}",
+            f"shared scope of AgentRegistry {registry}, key prefix {prefix}",
             Scope.SHARED,
             registry,
             prefix,
+            ready=True,
         )
     if not registries:
-        return MemoryResolution(
-            MemoryReason.NOT_A_REGISTRY_MEMBER,
+        message = (
             f"shared scope requested but no AgentRegistry lists {agent.namespace}/{agent.name}: "
-            f"keeping the private layout {private}",
-            Scope.SESSION,
-            None,
-            private,
+            f"keeping the private layout {private}"
         )
+        reason = MemoryReason.NOT_A_REGISTRY_MEMBER
+    else:
+        message = (
+            f"shared scope requested but {len(registries)} AgentRegistries list {agent.namespace}/{agent.name} "
+            f"({', '.join(registries)}): keeping the private layout {private}"
+        )
+        reason = MemoryReason.AMBIGUOUS_REGISTRY
+    return MemoryResolution(reason, message, Scope.SESSION, None, private, findings=(Finding(reason, message, False),))
+
+
+def resolve_memory(agent: AgentSpec, registries: Sequence[str], config: OperatorConfig) -> MemoryResolution:
+    """Decide what is in effect and whether a memory call from the agent can succeed.
+
+    The condition's reason is the first blocking finding, else the scope's own shortfall, else the first
+    finding that only warns (e.g. BackendAddrIgnored, with MemoryReady still True), else Wired."""
+    if agent.memory is None:
+        return MemoryResolution(MemoryReason.DISABLED, "spec.sessionMemory is not set: the agent runs without memory")
+    if config.proxy_url is None:
+        message = (
+            "no state-layer proxy URL is configured, and the launcher reaches memory only through the proxy: "
+            f"the agent runs without memory. Leave the chart value {PROXY_URL_VALUE} unset (this release's "
+            "proxy) or set it to the proxy's URL"
+        )
+        reason = MemoryReason.NO_PROXY_CONFIGURED
+        return MemoryResolution(reason, message, findings=(Finding(reason, message, True),))
+    scoped = _scope_resolution(agent, registries)
+    findings = memory_findings(agent, config)
+    blocking = [finding for finding in findings if finding.blocking]
+    if blocking:
+        reason = blocking[0].reason
+    elif not scoped.ready:
+        reason = scoped.reason
+    elif findings:
+        reason = findings[0].reason
+    else:
+        reason = MemoryReason.WIRED
+    message = "; ".join(
+        [f"{scoped.message}, via the state-layer proxy {config.proxy_url}"] + [f.message for f in findings]
+    )
     return MemoryResolution(
-        MemoryReason.AMBIGUOUS_REGISTRY,
-        f"shared scope requested but {len(registries)} AgentRegistries list {agent.namespace}/{agent.name} "
-        f"({', '.join(registries)}): keeping the private layout {private}",
-        Scope.SESSION,
-        None,
-        private,
+        reason,
+        message,
+        scoped.scope,
+        scoped.registry,
+        scoped.key_prefix,
+        ready=scoped.ready and not blocking,
+        findings=(*scoped.findings, *findings),
     )
 
 
@@ -157,10 +232,12 @@ def launcher_env(agent: AgentSpec, resolution: MemoryResolution, config: Operato
         _env_var(env.SERVE_PORT, env.DEFAULT_SERVE_PORT),
         _env_var(env.AGENT_PORT, agent.agent_port),
     ]
-    if config.proxy_url is not None:
-        variables += [_env_var(env.PROXY_URL, config.proxy_url), _env_var(env.TOKEN_PATH, env.DEFAULT_TOKEN_PATH)]
-    else:
-        variables.append(_env_var(env.BACKEND_ADDR, backend_addr(agent)))
+    # Only ever through the proxy: the launcher has no direct mode (resolve_memory injects no launcher
+    # without a proxy URL).
+    assert config.proxy_url is not None
+    variables += [_env_var(env.PROXY_URL, config.proxy_url), _env_var(env.TOKEN_PATH, env.DEFAULT_TOKEN_PATH)]
+    # Only when configured, so pods keep their template (no new revision) under the launcher's defaults.
+    variables += [_env_var(name, value) for name, value in config.launcher_limits]
     return variables
 
 
@@ -192,11 +269,6 @@ def token_volume(config: OperatorConfig) -> dict[str, Any]:
     }
 
 
-def uses_token(config: OperatorConfig) -> bool:
-    """The token is the launcher's credential for the proxy; in direct mode there is no one to show it to."""
-    return config.proxy_url is not None
-
-
 def launcher_container(agent: AgentSpec, resolution: MemoryResolution, config: OperatorConfig) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": LAUNCHER_CONTAINER,
@@ -211,11 +283,10 @@ def launcher_container(agent: AgentSpec, resolution: MemoryResolution, config: O
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
-    if uses_token(config):
-        # Only the launcher sees the token: the agent process cannot present it to the proxy itself.
-        container["volumeMounts"] = [
-            {"name": TOKEN_VOLUME, "mountPath": posixpath.dirname(env.DEFAULT_TOKEN_PATH), "readOnly": True}
-        ]
+    # Only the launcher sees the token: the agent process cannot present it to the proxy itself.
+    container["volumeMounts"] = [
+        {"name": TOKEN_VOLUME, "mountPath": posixpath.dirname(env.DEFAULT_TOKEN_PATH), "readOnly": True}
+    ]
     return container
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import orjson
 
+from sessionmem_core.api import BUILTIN_REDACTORS
 from sessionmem_core.errors import InvalidRequest
 
 Redactor = Callable[[str], str]
@@ -58,7 +59,7 @@ BUILTIN: dict[str, Redactor] = {
     "card": _redact_cards,
     "phone": _redact_phones,
 }
-_ORDER = ("email", "card", "phone")
+_ORDER = BUILTIN_REDACTORS
 
 
 class Redaction:

@@ -38,7 +38,7 @@ from .rest import JsonObject, KubeApiError, KubeRestClient, ManifestSource, load
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENSURE_SCRIPT = REPO_ROOT / "tools" / "envtest" / "ensure-binaries.sh"
-REPO_CRD_DIR = REPO_ROOT / "crds"
+REPO_CRD_DIR = REPO_ROOT / "charts" / "sessionmem" / "crds"  # what Helm installs; crds/ links here
 CRD_DIR_ENV = "SESSIONMEM_CRD_DIR"  # overrides REPO_CRD_DIR for repo_crd_paths()
 
 DEFAULT_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -102,7 +102,7 @@ def knative_crd_paths() -> list[Path]:
 
 
 def repo_crd_paths() -> list[Path]:
-    """The project's own CRDs (crds/*.yaml, crds/*.yml, or $SESSIONMEM_CRD_DIR), possibly none."""
+    """The project's own CRDs (the chart's crds/*.yaml, *.yml, or $SESSIONMEM_CRD_DIR), possibly none."""
     folder = Path(os.environ.get(CRD_DIR_ENV) or REPO_CRD_DIR)
     if not folder.is_dir():
         return []

@@ -4,6 +4,8 @@ Register from the root conftest: ``pytest_plugins = ["tests.harness.fixtures"]``
 
 - ``kube_cluster`` (session): one control plane for the whole session, with the Knative Serving CRDs and
   the project's crds/*.yaml installed before the garbage collector starts.
+- ``kube_cluster_without_knative`` (module): another control plane with only the project's CRDs (no
+  Knative Serving), for what the operator does on such clusters.
 - ``kube_namespace`` (function): a fresh namespace named after the test, deleted afterwards.
 - ``kube_api`` (function): a kubernetes_asyncio ``Configuration`` for the admin identity.
 - ``kube_env`` (function): os.environ patched (KUBECONFIG set, in-cluster variables removed) so that kopf
@@ -27,7 +29,15 @@ import pytest
 
 from .apiserver import KubeTestCluster, ensure_binaries, knative_crd_paths, repo_crd_paths
 
-__all__ = ["kube_api", "kube_cluster", "kube_env", "kube_namespace", "make_kubeconfig_env", "namespace_name_for"]
+__all__ = [
+    "kube_api",
+    "kube_cluster",
+    "kube_cluster_without_knative",
+    "kube_env",
+    "kube_namespace",
+    "make_kubeconfig_env",
+    "namespace_name_for",
+]
 
 
 def make_kubeconfig_env(cluster: KubeTestCluster, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -57,6 +67,21 @@ def kube_cluster(request: pytest.FixtureRequest) -> Iterator[KubeTestCluster]:
     cluster = KubeTestCluster(crd_paths=crds)
     cluster.start()
     print(f"\n[envtest] control plane up in {cluster.startup_seconds:.1f}s at {cluster.server_url}", file=sys.stderr)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def kube_cluster_without_knative(request: pytest.FixtureRequest) -> Iterator[KubeTestCluster]:
+    """A second control plane with only the project's CRDs: a cluster where Knative Serving is not installed.
+    Module-scoped (it costs a control-plane start); the same shape as ``kube_cluster`` otherwise."""
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+        ensure_binaries()
+    cluster = KubeTestCluster(crd_paths=repo_crd_paths())
+    cluster.start()
     try:
         yield cluster
     finally:

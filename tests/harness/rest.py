@@ -95,6 +95,16 @@ def load_manifests(sources: ManifestSource | Iterable[ManifestSource]) -> list[J
     return docs
 
 
+def crd_conditions(crd: Mapping[str, Any]) -> dict[str, JsonObject]:
+    """A CRD's status conditions by type. A CRD read right after its creation may carry `status: null` or
+    `status.conditions: null` (the API server has not set them yet): that is "no conditions", not an error."""
+    status = crd.get("status") or {}
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    if not isinstance(conditions, list):
+        return {}
+    return {str(c.get("type")): dict(c) for c in conditions if isinstance(c, Mapping) and c.get("type")}
+
+
 class KubeRestClient:
     def __init__(self, server_url: str, ca_path: Path, token: str, *, timeout: float = 30.0) -> None:
         self.server_url = server_url
@@ -250,7 +260,7 @@ class KubeRestClient:
             resp = self.request("GET", path, ok=(404,))
             if resp.status_code == 200:
                 crd = resp.json()
-                conditions = {c.get("type"): c for c in crd.get("status", {}).get("conditions", [])}
+                conditions = crd_conditions(crd)
                 if conditions.get("NamesAccepted", {}).get("status") == "False":
                     raise RuntimeError(f"CRD {name} names not accepted: {conditions['NamesAccepted']}")
                 if conditions.get("Established", {}).get("status") == "True":

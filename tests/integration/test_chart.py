@@ -77,8 +77,7 @@ class Release:
         self.namespace = namespace
         self.name = f"sm{namespace[-6:]}"  # unique per test: ClusterRoles are named after the release
         self.kubeconfig = ["--kubeconfig", str(cluster.kubeconfig_path), "--namespace", namespace]
-        # The CRDs are cluster-scoped and the harness installed them already (from crds/, which the chart's
-        # copy equals byte for byte: tests/test_chart_lint.py).
+        # The CRDs are cluster-scoped and the harness installed them already, from the chart's own crds/.
         run_helm("install", self.name, str(CHART), *self.kubeconfig, "--skip-crds", *args)
         self.docs = parse_docs(run_helm("get", "manifest", self.name, *self.kubeconfig).stdout)
         base = f"{self.name}-sessionmem"
@@ -368,4 +367,10 @@ def test_proxy_service_account_has_exactly_what_it_needs(kube_cluster: KubeTestC
             assert status("POST", f"/apis/{kube.API_VERSION}/{kube.REGISTRY_PLURAL}", registry) == 403
             assert status("GET", "/api/v1/secrets") == 403
             assert status("GET", f"/api/v1/namespaces/{kube_namespace}/secrets") == 403
-            assert status("GET", f"/apis/{kube.API_VERSION}/namespaces/{kube_namespace}/{kube.AGENT_PLURAL}") == 403
+            # AgentDeployments: read (their spec.sessionMemory.quota), never written.
+            agents = f"/apis/{kube.API_VERSION}/namespaces/{kube_namespace}/{kube.AGENT_PLURAL}"
+            assert status("GET", agents) == 200
+            assert status("GET", f"/apis/{kube.API_VERSION}/{kube.AGENT_PLURAL}?watch=true&timeoutSeconds=1") == 200
+            agent_doc = {"apiVersion": kube.API_VERSION, "kind": kube.AGENT_KIND, "metadata": {"name": "x"}}
+            assert status("POST", agents, {**agent_doc, "spec": {"image": "x"}}) == 403
+            assert status("PATCH", f"{agents}/x/status", {}) == 403

@@ -8,7 +8,6 @@ developer's operator would be. Every wait is a bounded poll.
 from __future__ import annotations
 
 import copy
-import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from kopf.testing import KopfRunner
 
 from sessionmem_core import env, kube
 from tests.harness import KubeApiError, KubeTestCluster
+from tests.harness.operator import run_operator
 
 pytestmark = pytest.mark.integration
 
@@ -46,41 +46,21 @@ def wait_for(probe: Callable[[], T | None], what: str, timeout: float = WAIT_SEC
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r:.2000})")
 
 
-class Problems(logging.Handler):
-    """Collects what the operator logs at WARNING and above, to show (and judge) at the end."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
+# How the module's operator is configured: what the chart would tell it about its proxy.
+KNOWN_CUSTOM_REDACTOR = "employee-id"
+RESYNC_SECONDS = 2.0
 
 
 @pytest.fixture(scope="module")
-def operator(kube_cluster: KubeTestCluster) -> Iterator[KopfRunner]:
-    problems = Problems()
-    logging.getLogger().addHandler(problems)
-    with pytest.MonkeyPatch.context() as patch:
-        for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "KUBERNETES_SERVICE_PORT_HTTPS"):
-            patch.delenv(var, raising=False)
-        patch.setenv("KUBECONFIG", str(kube_cluster.kubeconfig_path))
-        patch.setenv(env.OPERATOR_PROXY_URL, PROXY_URL)
-        patch.setenv(env.OPERATOR_AUDIENCE, AUDIENCE)
-        patch.setenv(env.OPERATOR_LAUNCHER_IMAGE, LAUNCHER_IMAGE)
-        args = ["run", "--standalone", "--all-namespaces", "-m", "sessionmem_operator.handlers"]
-        with KopfRunner(args, timeout=30) as runner:
-            yield runner
-    logging.getLogger().removeHandler(problems)
-    assert runner.exception is None, runner.output
-    # Writes into a namespace a test just deleted fail (and are retried until the object is gone): expected.
-    # Anything else the operator logged as an error is a bug.
-    errors = [
-        f"{r.name}: {r.getMessage()}"
-        for r in problems.records
-        if r.levelno >= logging.ERROR and "being terminated" not in r.getMessage()
-    ]
-    assert errors == []
+def operator(kube_cluster: KubeTestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KopfRunner]:
+    settings = {"redactors": [KNOWN_CUSTOM_REDACTOR], "userCapabilities": False, "resyncSeconds": RESYNC_SECONDS}
+    environ = {
+        env.OPERATOR_PROXY_URL: PROXY_URL,
+        env.OPERATOR_AUDIENCE: AUDIENCE,
+        env.OPERATOR_LAUNCHER_IMAGE: LAUNCHER_IMAGE,
+    }
+    with run_operator(kube_cluster, tmp_path_factory.mktemp("operator"), settings=settings, environ=environ) as runner:
+        yield runner
 
 
 # ---- helpers --------------------------------------------------------------------------------------------
@@ -356,6 +336,11 @@ def test_shared_scope_needs_registry_membership(
             {"image": "x", "sessionMemory": {"tokenCounter": "tiktoken"}},
             "spec.sessionMemory.tokenCounter",
         ),
+        (
+            "zero-quota",
+            {"image": "x", "sessionMemory": {"quota": {"maxConversations": 0}}},
+            "spec.sessionMemory.quota.maxConversations",
+        ),
     ],
     ids=[
         "unknown-scope",
@@ -374,6 +359,7 @@ def test_shared_scope_needs_registry_membership(
         "summary-threshold-at-cap",
         "bad-summary-endpoint",
         "bad-token-counter",
+        "quota-below-one",
     ],
 )
 def test_invalid_manifests_are_rejected_naming_the_field(
@@ -438,6 +424,14 @@ def test_summary_threshold_within_the_replay_window_is_rejected(
         namespace=kube_namespace,
     )
     assert accepted["spec"]["sessionMemory"]["summary"] == {"threshold": 13, "endpoint": "builtin"}
+
+
+def test_a_quota_is_accepted_and_kept(kube_cluster: KubeTestCluster, kube_namespace: str) -> None:
+    quota = {"maxConversations": 1, "maxBytes": 1048576, "requestsPerSecond": 20}
+    created = kube_cluster.rest.create(
+        manifest(kube_namespace, sessionMemory={"quota": quota}), namespace=kube_namespace
+    )
+    assert created["spec"]["sessionMemory"]["quota"] == quota
 
 
 def test_a_name_of_exactly_the_limit_is_accepted(kube_cluster: KubeTestCluster, kube_namespace: str) -> None:
@@ -537,3 +531,87 @@ def test_a_deleted_workload_is_recreated(
         kube_cluster, ns, lambda b: b["metadata"]["uid"] != first["metadata"]["uid"], "a re-created Knative Service"
     )
     assert has_launcher(again)
+
+
+# ---- MemoryReady tells the truth (issue #20) ------------------------------------------------------------
+
+
+def test_an_unknown_redactor_makes_memory_not_ready(
+    kube_cluster: KubeTestCluster, kube_namespace: str, operator: KopfRunner
+) -> None:
+    ns = kube_namespace
+    kube_cluster.apply_manifests(manifest(ns, sessionMemory={"redact": ["email", "badge-id"]}))
+    body = wait_condition(kube_cluster, ns, "MemoryReady", "False", "UnknownRedactor")
+    message = condition(body, "MemoryReady")["message"]
+    assert "badge-id" in message and "proxy.redactPatterns" in message
+    (event,) = wait_for(lambda: warning_events(kube_cluster, ns, "UnknownRedactor"), "the UnknownRedactor Event")
+    assert "badge-id" in event["message"]
+
+    # A name the proxy is configured with (the chart told the operator) is fine.
+    kube_cluster.apply_manifests(manifest(ns, sessionMemory={"redact": ["email", KNOWN_CUSTOM_REDACTOR]}))
+    wait_condition(kube_cluster, ns, "MemoryReady", "True", "Wired")
+
+
+def test_per_user_without_a_capability_key_makes_memory_not_ready(
+    kube_cluster: KubeTestCluster, kube_namespace: str, operator: KopfRunner
+) -> None:
+    ns = kube_namespace
+    kube_cluster.apply_manifests(manifest(ns, sessionMemory={"perUser": True}))
+    body = wait_condition(kube_cluster, ns, "MemoryReady", "False", "UserCapabilityKeyMissing")
+    assert "proxy.capabilityKey.enabled" in condition(body, "MemoryReady")["message"]
+    wait_for(lambda: warning_events(kube_cluster, ns, "UserCapabilityKeyMissing"), "the Warning Event")
+
+
+def test_backend_addr_is_ignored_visibly(
+    kube_cluster: KubeTestCluster, kube_namespace: str, operator: KopfRunner
+) -> None:
+    ns = kube_namespace
+    kube_cluster.apply_manifests(manifest(ns, sessionMemory={"backend": {"addr": "valkey.elsewhere.svc:6379"}}))
+    # The proxy path works, so memory is ready; the reason says the field is not honoured.
+    body = wait_condition(kube_cluster, ns, "MemoryReady", "True", "BackendAddrIgnored")
+    assert "valkey.elsewhere.svc:6379" in condition(body, "MemoryReady")["message"]
+    wait_for(lambda: warning_events(kube_cluster, ns, "BackendAddrIgnored"), "the Warning Event")
+    variables = launcher_env(wait_workload(kube_cluster, ns, has_launcher, "the Knative Service"))
+    assert variables[env.PROXY_URL] == PROXY_URL
+    assert env.BACKEND_ADDR not in variables
+
+
+def test_drift_is_repaired_without_touching_the_agent(
+    kube_cluster: KubeTestCluster, kube_namespace: str, operator: KopfRunner
+) -> None:
+    ns = kube_namespace
+    sa_name = kube.agent_service_account("support-agent")
+    kube_cluster.apply_manifests(manifest(ns))
+    wait_condition(kube_cluster, ns, "MemoryReady", "True", "Wired")
+    account = wait_for(lambda: get(kube_cluster, "v1", "ServiceAccount", sa_name, ns), "the ServiceAccount")
+
+    kube_cluster.rest.delete("v1", "ServiceAccount", sa_name, ns)
+    again = wait_for(
+        lambda: (
+            (found := get(kube_cluster, "v1", "ServiceAccount", sa_name, ns))
+            and found["metadata"]["uid"] != account["metadata"]["uid"]
+            and found
+        ),
+        "the ServiceAccount to come back",
+        timeout=WAIT_SECONDS + 3 * RESYNC_SECONDS,
+    )
+    assert again["metadata"]["ownerReferences"][0]["name"] == "support-agent"
+
+    # A hand edit of a field the operator owns is reverted too (the launcher's proxy URL here).
+    ksvc = wait_workload(kube_cluster, ns, has_launcher, "the Knative Service")
+    edited = copy.deepcopy(ksvc)
+    for container in edited["spec"]["template"]["spec"]["containers"]:
+        for variable in container.get("env", []):
+            if variable["name"] == env.PROXY_URL:
+                variable["value"] = "http://somewhere-else:1"
+    edited["metadata"].pop("managedFields", None)
+    path = f"/apis/{KSVC}/namespaces/{ns}/services/support-agent"
+    kube_cluster.rest.request("PUT", path, body=edited)
+    wait_workload(
+        kube_cluster,
+        ns,
+        lambda b: launcher_env(b)[env.PROXY_URL] == PROXY_URL,
+        "the hand edit reverted",
+    )
+    # The AgentDeployment itself was never changed: the periodic resync did the repairs.
+    assert (agent(kube_cluster, ns) or {})["metadata"]["generation"] == 1

@@ -14,7 +14,14 @@ from sessionmem_core import kube
 from sessionmem_operator import kubeapi
 from sessionmem_operator.config import OperatorConfig
 from sessionmem_operator.kubeapi import Kind, KubeApi, KubeError
-from sessionmem_operator.reconcile import ReconcileError, Runtime, reconcile_agent, registry_changed, workload_changed
+from sessionmem_operator.reconcile import (
+    ReconcileError,
+    Runtime,
+    reconcile_agent,
+    registry_changed,
+    resync_all,
+    workload_changed,
+)
 from tests.unit.test_operator_render import UID, as_stored, design_manifest
 
 LOG = logging.getLogger("test")
@@ -99,6 +106,13 @@ class FakeKube:
         body.setdefault("status", {})
         _merge(body["status"], status)
         return copy.deepcopy(body)
+
+    async def list_names(self, kind: Kind, namespace: str | None) -> list[tuple[str, str]]:
+        return sorted(
+            (str(ns), name)
+            for (api_version, kind_name, ns, name) in self.objects
+            if (api_version, kind_name) == (kind.api_version, kind.kind) and namespace in (None, ns)
+        )
 
     async def close(self) -> None:
         return None
@@ -317,7 +331,94 @@ async def test_an_up_to_date_registry_touches_nothing(runtime: Runtime, fake: Fa
     registry = {
         "metadata": {"name": "t", "generation": 1},
         "spec": {"members": []},
-        "status": {"observedGeneration": 1, "memberCount": 0, "members": [], "keyPrefix": "mem:shared:t:"},
+        "status": {
+            "observedGeneration": 1,
+            "memberCount": 0,
+            "members": [],
+            "unreachableMembers": [],
+            "keyPrefix": "mem:shared:t:",
+            "conditions": [
+                {
+                    "type": "MembersWired",
+                    "status": "True",
+                    "reason": "AllMembersWatched",
+                    "message": "all 0 member(s) are in namespaces the operator watches",
+                    "observedGeneration": 1,
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
+        },
     }
     await registry_changed(runtime, registry, {}, LOG, deleted=False)
     assert fake.applied == [] and fake.status_patches == []
+
+
+async def test_without_knative_the_conditions_name_the_fix_once(
+    runtime: Runtime, fake: FakeKube, warnings: Warnings
+) -> None:
+    stored_agent(fake)
+    # What the API server answers for a kind it does not serve: a plain-text 404.
+    fake.fail_apply["Service"] = KubeError("PATCH", "/apis/serving.knative.dev/v1/x", 404, "404 page not found")
+    for _ in range(2):  # a resync must not repeat the Event; nothing to retry either: the status says it all
+        await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+    message = "Knative Serving is not installed; use executionModel: deployment"
+    ready, memory = condition(fake, "Ready"), condition(fake, "MemoryReady")
+    assert (ready["status"], ready["reason"], ready["message"]) == ("False", "KnativeServingNotInstalled", message)
+    assert (memory["status"], memory["reason"]) == ("False", "KnativeServingNotInstalled")
+    assert warnings.posted == [("support-agent", "KnativeServingNotInstalled", message)]
+
+
+async def test_every_finding_is_an_event_once(runtime: Runtime, fake: FakeKube, warnings: Warnings) -> None:
+    def asks_too_much(spec: dict[str, Any]) -> None:
+        spec["sessionMemory"].update({"redact": ["email", "badge-id"], "perUser": True, "backend": {"addr": "v:1"}})
+
+    stored_agent(fake, asks_too_much)
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)  # a resync: nothing new to say
+    assert [reason for _, reason, _ in warnings.posted] == [
+        "UnknownRedactor",
+        "UserCapabilityKeyMissing",
+        "BackendAddrIgnored",
+    ]
+    memory = condition(fake, "MemoryReady")
+    assert (memory["status"], memory["reason"]) == ("False", "UnknownRedactor")
+    assert fake.applied.count(KSVC_KEY) == 2  # still wired: the launcher is there, its calls would fail
+
+
+async def test_members_outside_the_watched_namespaces_are_not_retried(fake: FakeKube, warnings: Warnings) -> None:
+    config = OperatorConfig(proxy_url="http://proxy:8000", namespaces=("my-team",))
+    runtime = Runtime(config=config, kube=cast(KubeApi, fake), post_warning=warnings)
+    stored_agent(fake)
+    outside = {"namespace": "other-team", "name": "helper"}
+    registry = fake.put(
+        {
+            "apiVersion": kube.API_VERSION,
+            "kind": kube.REGISTRY_KIND,
+            "metadata": {"name": "support-team", "generation": 1},
+            "spec": {"members": [{"namespace": "my-team", "name": "support-agent"}, outside]},
+        }
+    )
+    # No exception: nothing for kopf to retry (the API server would answer 403 forever).
+    await registry_changed(runtime, copy.deepcopy(registry), {}, LOG, deleted=False)
+    registry_key = (kube.API_VERSION, kube.REGISTRY_KIND, None, "support-team")
+    status = fake.objects[registry_key]["status"]
+    assert status["unreachableMembers"] == [outside]
+    assert status["conditions"][0]["reason"] == "MembersOutsideWatchedNamespaces"
+    assert [key[2] for key in fake.applied] == ["my-team", "my-team"]  # only the watched member was applied
+    assert [(name, reason) for name, reason, _ in warnings.posted] == [
+        ("support-team", "MembersOutsideWatchedNamespaces")
+    ]
+    # The status write comes back as an event: up to date, nothing re-applied, no second Event.
+    applied = len(fake.applied)
+    await registry_changed(runtime, copy.deepcopy(fake.objects[registry_key]), {}, LOG, deleted=False)
+    assert len(fake.applied) == applied and len(warnings.posted) == 1
+
+
+async def test_a_resync_repairs_a_deleted_child_and_writes_nothing_else(runtime: Runtime, fake: FakeKube) -> None:
+    stored_agent(fake)
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+    patches = len(fake.status_patches)
+    del fake.objects[SA_KEY]  # someone deleted the agent's ServiceAccount
+    assert await resync_all(runtime, {}, LOG) == 1
+    assert SA_KEY in fake.objects
+    assert len(fake.status_patches) == patches  # nothing new to record

@@ -11,6 +11,8 @@ from sessionmem_operator.registry import (
     registries_for,
     registry_status,
     registry_up_to_date,
+    spec_members,
+    unreachable_members,
 )
 
 
@@ -46,11 +48,31 @@ def test_affected_members_include_the_dropped_ones() -> None:
 def test_registry_status_and_up_to_date() -> None:
     body = registry([B, A])
     status = registry_status(body)
+    conditions = status.pop("conditions")
     assert status == {
         "observedGeneration": 2,
         "memberCount": 2,
         "members": [A, B],
+        "unreachableMembers": [],
         "keyPrefix": "mem:shared:support-team:",
     }
+    assert [(c["type"], c["status"]) for c in conditions] == [("MembersWired", "True")]
     assert not registry_up_to_date(body)
-    assert registry_up_to_date({**body, "status": status})
+    stored = {**status, "conditions": [{**conditions[0], "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    assert registry_up_to_date({**body, "status": stored})
+
+
+def test_members_outside_the_watched_namespaces_are_named_with_the_fix() -> None:
+    other = {"namespace": "elsewhere", "name": "c"}
+    body = registry([A, other])
+    assert unreachable_members(spec_members(body), ()) == frozenset()  # cluster-wide: all reachable
+    assert unreachable_members(spec_members(body), ("ns",)) == {MemberRef("elsewhere", "c")}
+    status = registry_status(body, ("ns",))
+    assert status["unreachableMembers"] == [other]
+    (condition,) = status["conditions"]
+    assert (condition["status"], condition["reason"]) == ("False", "MembersOutsideWatchedNamespaces")
+    assert "elsewhere/c" in condition["message"] and "operator.watchNamespaces" in condition["message"]
+    # The same registry is up to date for one operator and not for one that watches differently.
+    recorded = {**body, "status": status}
+    assert registry_up_to_date(recorded, ("ns",))
+    assert not registry_up_to_date(recorded, ())

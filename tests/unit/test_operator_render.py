@@ -18,7 +18,7 @@ from sessionmem_operator.wiring import LAUNCHER_CONTAINER, TOKEN_VOLUME, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 PROXY = OperatorConfig(proxy_url="http://proxy.sessionmem.svc:8000", launcher_image="reg.example/launcher:1")
-DIRECT = OperatorConfig(launcher_image="reg.example/launcher:1")
+NO_PROXY = OperatorConfig(launcher_image="reg.example/launcher:1")
 UID = "0b9d7c1e-0000-4000-8000-000000000001"
 
 
@@ -233,16 +233,13 @@ def test_custom_agent_port_sits_behind_the_launcher() -> None:
     }
 
 
-def test_direct_mode_sends_the_backend_address_and_no_token() -> None:
-    manifest = design_manifest()
-    manifest["spec"]["sessionMemory"]["backend"] = {"addr": "valkey.team.svc:6379"}
-    result, _ = rendered(manifest, DIRECT)
+def test_without_a_proxy_url_no_launcher_is_injected() -> None:
+    """No direct mode: without a proxy the agent serves alone, and MemoryReady says why (wiring tests)."""
+    result, _ = rendered(design_manifest(), NO_PROXY)
     pod = by_kind(result)[("serving.knative.dev/v1", "Service")]["spec"]["template"]["spec"]
-    launcher_env = env_of(containers(pod)[LAUNCHER_CONTAINER])
-    assert launcher_env[env.BACKEND_ADDR] == "valkey.team.svc:6379"
-    assert env.PROXY_URL not in launcher_env
-    assert env.TOKEN_PATH not in launcher_env
+    assert set(containers(pod)) == {AGENT_CONTAINER}
     assert "volumes" not in pod
+    assert result.wiring_hash is None
 
 
 def test_with_a_proxy_the_backend_address_is_the_proxys_concern() -> None:
@@ -250,7 +247,9 @@ def test_with_a_proxy_the_backend_address_is_the_proxys_concern() -> None:
     manifest["spec"]["sessionMemory"]["backend"] = {"addr": "valkey.team.svc:6379"}
     result, _ = rendered(manifest, PROXY)
     pod = by_kind(result)[("serving.knative.dev/v1", "Service")]["spec"]["template"]["spec"]
-    assert env.BACKEND_ADDR not in env_of(containers(pod)[LAUNCHER_CONTAINER])
+    launcher = env_of(containers(pod)[LAUNCHER_CONTAINER])
+    assert env.BACKEND_ADDR not in launcher
+    assert launcher[env.PROXY_URL] == PROXY.proxy_url
 
 
 def test_memory_settings_reach_the_launcher_env() -> None:
@@ -357,7 +356,10 @@ def test_changing_any_policy_changes_the_pod_template(field: str, value: Any) ->
     assert changed_template["metadata"]["annotations"][WIRING_ANNOTATION] == changed_hash
 
 
-def test_direct_mode_launcher_gets_the_same_policy_env() -> None:
-    names = (env.REPLAY_TOKENS, env.TOKEN_COUNTER, env.REDACT, env.SUMMARY_THRESHOLD, env.SUMMARIZER_URL)
-    proxy, direct = launcher_env_for(copy.deepcopy(POLICIES)), launcher_env_for(copy.deepcopy(POLICIES), DIRECT)
-    assert {name: proxy[name] for name in names} == {name: direct[name] for name in names}
+def test_launcher_limits_are_rendered_only_when_configured() -> None:
+    limited = OperatorConfig(
+        proxy_url=PROXY.proxy_url, launcher_image=PROXY.launcher_image, launcher_limits=((env.MAX_URL_BYTES, "2048"),)
+    )
+    plain = launcher_env_for(copy.deepcopy(POLICIES))
+    assert env.MAX_URL_BYTES not in plain
+    assert launcher_env_for(copy.deepcopy(POLICIES), limited)[env.MAX_URL_BYTES] == "2048"

@@ -142,3 +142,56 @@ def test_unknown_file_keys_are_rejected(tmp_path: Path) -> None:
     path.write_text("proxyURL: http://typo:8000\n")
     with pytest.raises(ConfigError, match="proxyURL"):
         OperatorConfig.load({env.OPERATOR_CONFIG_FILE: str(path)})
+
+
+def test_config_reads_what_the_proxy_accepts_and_the_resync_period(tmp_path: Path) -> None:
+    path = tmp_path / "operator.yaml"
+    path.write_text("redactors: [employee-id, badge]\nuserCapabilities: true\nresyncSeconds: 2.5\n")
+    config = OperatorConfig.load({env.OPERATOR_CONFIG_FILE: str(path)})
+    assert config.redactors == ("employee-id", "badge")
+    assert config.known_redactors == {"email", "card", "phone", "employee-id", "badge"}
+    assert config.user_capabilities is True
+    assert config.resync_seconds == 2.5
+    defaults = OperatorConfig.load({})
+    assert defaults.redactors == () and defaults.user_capabilities is False and defaults.resync_seconds == 60.0
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["redactors: [email]\n", "redactors: [Bad_Name]\n", "userCapabilities: maybe\n", "resyncSeconds: 0\n"],
+    ids=["redefines-a-builtin", "bad-redactor-name", "not-a-boolean", "resync-too-short"],
+)
+def test_bad_proxy_facts_fail_at_start(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "operator.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError):
+        OperatorConfig.load({env.OPERATOR_CONFIG_FILE: str(path)})
+
+
+def test_launcher_limits_become_the_launchers_env_names(tmp_path: Path) -> None:
+    path = tmp_path / "operator.yaml"
+    path.write_text("launcherLimits: {maxHeaderBytes: 8192, idleTimeoutSeconds: 2.5, maxConnections: 64}\n")
+    config = OperatorConfig.load({env.OPERATOR_CONFIG_FILE: str(path)})
+    assert dict(config.launcher_limits) == {
+        env.MAX_HEADER_BYTES: "8192",
+        env.IDLE_TIMEOUT_SECONDS: "2.5",
+        env.MAX_CONNECTIONS: "64",
+    }
+    assert OperatorConfig.load({}).launcher_limits == ()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "launcherLimits: {maxHeaders: 1}\n",
+        "launcherLimits: {maxHeaderBytes: 0}\n",
+        "launcherLimits: {maxHeaderBytes: 1.5}\n",
+        "launcherLimits: {idleTimeoutSeconds: soon}\n",
+    ],
+    ids=["unknown-key", "zero", "fractional-size", "not-a-number"],
+)
+def test_bad_launcher_limits_fail_at_start(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "operator.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError):
+        OperatorConfig.load({env.OPERATOR_CONFIG_FILE: str(path)})

@@ -20,7 +20,7 @@ from sessionmem_operator.status import (
 from sessionmem_operator.wiring import MemoryReason, MemoryResolution
 
 KSVC = ObjectRef("serving.knative.dev/v1", "Service", "support-agent")
-WIRED = MemoryResolution(MemoryReason.WIRED, "wired", Scope.SESSION, None, "mem:ns/a:")
+WIRED = MemoryResolution(MemoryReason.WIRED, "wired", Scope.SESSION, None, "mem:ns/a:", ready=True)
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
 

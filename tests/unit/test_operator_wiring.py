@@ -57,18 +57,61 @@ def test_shared_scope_listed_by_two_registries_is_ambiguous() -> None:
 
 
 def test_message_says_where_memory_lives() -> None:
-    via_proxy = resolve_memory(agent(MemorySpec(backend_addr="v:6379")), (), CONFIG)
-    assert "proxy http://proxy:8000" in via_proxy.message and "ignored" in via_proxy.message
-    direct = resolve_memory(agent(MemorySpec(backend_addr="v:6379")), (), OperatorConfig())
-    assert "directly on v:6379" in direct.message
+    resolution = resolve_memory(agent(MemorySpec()), (), CONFIG)
+    assert resolution.reason is MemoryReason.WIRED and resolution.ready and not resolution.warning
+    assert "proxy http://proxy:8000" in resolution.message
 
 
-def test_direct_mode_message_warns_about_redactors_it_cannot_apply() -> None:
-    memory = MemorySpec(redact=("email", "employee-id"))
-    direct = resolve_memory(agent(memory), (), OperatorConfig())
-    assert "employee-id are not built in" in direct.message and "refused" in direct.message
-    assert direct.ready  # still wired: the operator cannot fix it, the message says what will happen
-    builtin_only = resolve_memory(agent(MemorySpec(redact=("email", "card"))), (), OperatorConfig())
-    assert "refused" not in builtin_only.message
-    # Behind a proxy the names may come from its SESSIONMEM_REDACT_PATTERNS: nothing to say.
-    assert "refused" not in resolve_memory(agent(memory), (), CONFIG).message
+def test_backend_addr_is_ignored_visibly_while_the_proxy_path_works() -> None:
+    resolution = resolve_memory(agent(MemorySpec(backend_addr="v:6379")), (), CONFIG)
+    assert resolution.reason is MemoryReason.BACKEND_ADDR_IGNORED
+    assert resolution.ready  # the proxy path works: memory calls succeed
+    assert resolution.warning
+    assert "backend.addr (v:6379) is ignored" in resolution.message
+    assert [f.reason for f in resolution.findings] == [MemoryReason.BACKEND_ADDR_IGNORED]
+
+
+def test_without_a_proxy_url_memory_is_off_and_the_chart_value_is_named() -> None:
+    resolution = resolve_memory(agent(MemorySpec(backend_addr="v:6379")), (), OperatorConfig())
+    assert resolution.reason is MemoryReason.NO_PROXY_CONFIGURED
+    assert not resolution.ready and not resolution.enabled and resolution.warning
+    assert "operator.proxyUrl" in resolution.message
+    assert resolution.key_prefix is None
+
+
+def test_an_unknown_redactor_blocks_and_names_the_chart_value() -> None:
+    memory = MemorySpec(redact=("email", "employee-id", "badge"))
+    resolution = resolve_memory(agent(memory), (), CONFIG)
+    assert resolution.reason is MemoryReason.UNKNOWN_REDACTOR
+    assert not resolution.ready and resolution.enabled  # wired, but every write would be refused
+    assert "badge, employee-id" in resolution.message
+    assert "proxy.redactPatterns" in resolution.message
+    assert "email" not in resolution.message.split("names ", 1)[1].split(",", 1)[0]
+
+
+def test_a_configured_custom_redactor_is_known() -> None:
+    config = OperatorConfig(proxy_url="http://proxy:8000", redactors=("employee-id",))
+    resolution = resolve_memory(agent(MemorySpec(redact=("email", "card", "phone", "employee-id"))), (), config)
+    assert resolution.reason is MemoryReason.WIRED and resolution.ready
+
+
+def test_per_user_without_a_capability_key_blocks() -> None:
+    resolution = resolve_memory(agent(MemorySpec(per_user=True)), (), CONFIG)
+    assert resolution.reason is MemoryReason.USER_CAPABILITY_KEY_MISSING
+    assert not resolution.ready
+    assert "proxy.capabilityKey.enabled" in resolution.message
+    config = OperatorConfig(proxy_url="http://proxy:8000", user_capabilities=True)
+    assert resolve_memory(agent(MemorySpec(per_user=True)), (), config).ready
+
+
+def test_every_finding_is_reported_and_the_first_blocking_one_is_the_reason() -> None:
+    memory = MemorySpec(scope=Scope.SHARED, redact=("nope",), backend_addr="v:6379")
+    resolution = resolve_memory(agent(memory), (), CONFIG)
+    assert resolution.reason is MemoryReason.UNKNOWN_REDACTOR
+    assert {f.reason for f in resolution.findings} == {
+        MemoryReason.NOT_A_REGISTRY_MEMBER,
+        MemoryReason.UNKNOWN_REDACTOR,
+        MemoryReason.BACKEND_ADDR_IGNORED,
+    }
+    for finding in resolution.findings:
+        assert finding.message in resolution.message

@@ -85,9 +85,14 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s.%s.svc.%s" (include "sessionmem.proxy.fullname" .) .Release.Namespace .Values.clusterDomain -}}
 {{- end -}}
 
-{{/* The proxy URL the operator hands to agent pods. */}}
+{{/* The proxy URL the operator hands to agent pods: unset (null) means this release's proxy Service; an
+explicit "" means none, and the operator then reports MemoryReady=False (NoProxyConfigured) on every agent. */}}
 {{- define "sessionmem.proxy.url" -}}
-{{- .Values.operator.proxyUrl | default (printf "http://%s:%d" (include "sessionmem.proxy.host" .) (int .Values.proxy.port)) | trimSuffix "/" -}}
+{{- if kindIs "invalid" .Values.operator.proxyUrl -}}
+{{- printf "http://%s:%d" (include "sessionmem.proxy.host" .) (int .Values.proxy.port) -}}
+{{- else -}}
+{{- .Values.operator.proxyUrl | trimSuffix "/" -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Name of the Secret holding the Valkey password for the proxy, or "" when Valkey has none. */}}
