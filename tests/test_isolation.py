@@ -83,7 +83,10 @@ def test_the_proxy_refuses_long_lived_and_non_ascii_capabilities(
     with httpx.Client(base_url=per_user_proxy.base_url) as client:
 
         def read(capability: bytes) -> httpx.Response:
-            headers = {"X-Sessionmem-User-Capability": capability, **{k: v.encode() for k, v in auth(AGENT_A).items()}}
+            headers = {
+                b"X-Sessionmem-User-Capability": capability,
+                **{k.encode(): v.encode() for k, v in auth(AGENT_A).items()},
+            }
             return client.get("/v1/conversations/c1/entries", headers=headers)
 
         assert read(fifteen_minutes.encode()).status_code == 200
