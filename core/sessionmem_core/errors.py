@@ -40,6 +40,12 @@ class Unauthenticated(SessionMemError):
     status = 401
 
 
+class UserCapabilityRequired(Unauthenticated):
+    """An agent that keeps memory per user called without the user's signed capability."""
+
+    error_type = "user_capability_required"
+
+
 class Forbidden(SessionMemError):
     error_type = "forbidden"
     status = 403
@@ -58,6 +64,32 @@ class VersionConflict(SessionMemError):
 class PayloadTooLarge(SessionMemError):
     error_type = "payload_too_large"
     status = 413
+
+
+class RequestTimeout(SessionMemError):
+    """The request body did not arrive within the server's body timeout."""
+
+    error_type = "request_timeout"
+    status = 408
+
+
+class UrlTooLong(SessionMemError):
+    error_type = "url_too_long"
+    status = 414
+
+
+class HeaderFieldsTooLarge(SessionMemError):
+    """Too many request headers (a head over the byte limit is refused by the HTTP server itself)."""
+
+    error_type = "header_fields_too_large"
+    status = 431
+
+
+class Overloaded(SessionMemError):
+    """More requests in flight than the server's connection limit allows."""
+
+    error_type = "overloaded"
+    status = 503
 
 
 class BackendUnavailable(SessionMemError):

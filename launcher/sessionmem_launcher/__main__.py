@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
 import sys
+from collections.abc import Sequence
 
+from sessionmem_core import env
 from sessionmem_core.env import ConfigError, LauncherSettings
-from sessionmem_launcher.server import Launcher
 
 # Collections by generation: a young one every 700 net allocations, the middle one every 3rd, a full one
 # every 2nd of those. Affordable only because ``bound_garbage_lifetime`` froze what start-up allocated.
@@ -31,18 +33,40 @@ def bound_garbage_lifetime() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def main() -> None:
-    try:
-        settings = LauncherSettings.from_env()
-    except ConfigError as exc:
-        sys.exit(f"sessionmem-launcher: {exc}")
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m sessionmem_launcher",
+        description=(
+            "The sessionmem launcher of an agent pod: the agent's memory endpoint on "
+            f"127.0.0.1:${env.LAUNCHER_PORT} and the managed loop on ${env.SERVE_PORT}, forwarding every "
+            f"memory call to the state-layer proxy at ${env.PROXY_URL} with the pod's token. "
+            "It takes no arguments: the operator configures it through the environment."
+        ),
+        epilog=(
+            f"Required: {env.PROXY_URL}. Serving limits: {env.MAX_HEADER_BYTES}, {env.MAX_HEADER_COUNT}, "
+            f"{env.MAX_URL_BYTES}, {env.MAX_REQUEST_BODY_BYTES}, {env.HEADER_TIMEOUT_SECONDS}, "
+            f"{env.BODY_TIMEOUT_SECONDS}, {env.IDLE_TIMEOUT_SECONDS}, {env.MAX_CONNECTIONS} "
+            "(docs/limits-launcher.md)."
+        ),
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parse_arguments(argv)
+    from sessionmem_launcher.server import Launcher
+
     try:
         import uvloop
 
         uvloop.install()
-    except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard]
+    except ImportError:  # pragma: no cover - uvloop is a dependency of sessionmem
         pass
-    asyncio.run(Launcher(settings).run_until_signalled(started=bound_garbage_lifetime))
+    try:
+        launcher = Launcher(LauncherSettings.from_env())
+        asyncio.run(launcher.run_until_signalled(started=bound_garbage_lifetime))
+    except ConfigError as exc:  # a malformed setting, or no proxy URL: refused before anything listens
+        sys.exit(f"sessionmem-launcher: {exc}")
 
 
 if __name__ == "__main__":
