@@ -11,7 +11,7 @@ is and fails the span.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -128,16 +128,19 @@ class Forwarder:
         conversation_id: str | None,
         path: str,
         query: Sequence[tuple[str, str]],
-        body: bytes | None,
+        body: bytes | Callable[[], Awaitable[bytes]] | None,
         caller: CallerHeaders,
     ) -> MemoryReply:
         """Forward one memory operation (``op`` and ``conversation_id`` as ``api.memory_route`` gives them,
         ``path`` the decoded path it came on) and answer with the proxy's status and body, or the typed
-        answer of what stopped it."""
+        answer of what stopped it. ``body`` may be a reader of the request's body, so that a body over the
+        limit or too slow to arrive fails this operation's span like any other refusal."""
         try:
             with self.tracer.span(op, conversation_id or "", caller.traceparent, caller.tracestate) as span:
                 if conversation_id is not None:
                     validate_conversation_id(conversation_id)
+                if callable(body):
+                    body = await body()
                 if op in _WRITES and not body:
                     raise InvalidRequest("request body is required")
                 if self._settings.per_user and caller.capability is None:
@@ -145,7 +148,8 @@ class Forwarder:
                     raise UserCapabilityRequired(
                         f"this agent keeps memory per user: send the {api.USER_CAPABILITY_HEADER} header"
                     )
-                reply = await self._send(method, op, api.memory_path(op, conversation_id, path), query, body, caller)
+                target = api.memory_path(op, conversation_id, path)
+                reply = await self._send(method, op, target, query, body or None, caller)
                 span.scope, span.entries, span.version = reply.scope, reply.entries, reply.version
                 if reply.status >= 400:
                     span.fail(_error_type(reply.body))

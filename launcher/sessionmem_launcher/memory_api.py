@@ -4,7 +4,7 @@ document, ``openapi.json`` next to this module, so the wheel ships it)."""
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
 from granian._granian import RSGIHTTPProtocol as HTTPProtocol
@@ -13,7 +13,7 @@ from granian.rsgi import Scope
 from sessionmem_core import api
 from sessionmem_core.errors import InvalidConversationId, NotFound, SessionMemError
 from sessionmem_launcher.forward import CallerHeaders, Forwarder
-from sessionmem_launcher.serving import JSON_HEADERS, RequestLimits, respond, respond_error
+from sessionmem_launcher.serving import RequestLimits, json_headers, respond, respond_error
 
 HEALTH_PATH = "/healthz"
 OPENAPI_PATH = "/openapi.json"
@@ -54,17 +54,16 @@ class MemoryEndpoint:
         op, conversation_id = api.memory_route(method, path)
         if conversation_id is not None and _UNDECODABLE in conversation_id:
             raise InvalidConversationId("conversationId must be percent-encoded UTF-8")
-        body = await self._limits.read_body(scope, proto)
         reply = await self._forwarder.forward(
             method,
             op,
             conversation_id,
             path,
             api.parse_query(scope.query_string.encode("latin-1")),
-            body or None,
+            partial(self._limits.read_body, scope, proto),
             CallerHeaders.of(scope.headers.get),
         )
-        proto.response_bytes(reply.status, JSON_HEADERS, reply.body)
+        proto.response_bytes(reply.status, json_headers(reply.status), reply.body)
 
 
 OPENAPI_FILE = Path(__file__).with_name("openapi.json")

@@ -40,6 +40,7 @@ JSON = "application/json"
 JSON_HEADERS = [("content-type", JSON)]
 # hyper's smallest read buffer; a head must fit in the buffer, so it is also the smallest header limit.
 _MIN_READ_BUFFER = 8192
+_LISTEN_TIMEOUT_SECONDS = 10.0
 
 
 class RsgiApp(Protocol):
@@ -137,12 +138,17 @@ def respond(proto: HTTPProtocol, status: int, body: bytes, headers: list[tuple[s
     proto.response_bytes(status, JSON_HEADERS if headers is None else headers, body)
 
 
+# Answers after which the connection is not reused: the request's body (or more) may be left unread on it.
+_CLOSING = frozenset({408, 413, 414, 431})
+_JSON_AND_CLOSE = [*JSON_HEADERS, ("connection", "close")]
+
+
+def json_headers(status: int) -> list[tuple[str, str]]:
+    return _JSON_AND_CLOSE if status in _CLOSING else JSON_HEADERS
+
+
 def respond_error(proto: HTTPProtocol, error: SessionMemError) -> None:
-    headers = JSON_HEADERS
-    if error.status in (408, 413, 414, 431):
-        # The rest of this request (or the connection's state) was not read: nothing more on it.
-        headers = [*JSON_HEADERS, ("connection", "close")]
-    proto.response_bytes(error.status, headers, error.body())
+    proto.response_bytes(error.status, json_headers(error.status), error.body())
 
 
 class _BoundServer(Server):
@@ -151,15 +157,14 @@ class _BoundServer(Server):
     granian (on Linux) otherwise hands its workers a socket *spec* each binds anew; with port 0 nobody would
     know the port. This is the path granian takes on other platforms (a pre-built socket), taken always."""
 
-    bound_port: int = 0
+    bound: socket.socket | None = None
 
     def _init_shared_socket(self) -> None:
         holder = ListenerSpec(self.bind_addr, self.bind_port, self.backlog).build()
         self._ssp = None
         self._shd = holder  # type: ignore[assignment]  # granian declares it None until bound
         self._sfd = holder.get_fd()
-        with socket.socket(fileno=os.dup(holder.get_fd())) as bound:
-            self.bound_port = bound.getsockname()[1]
+        self.bound = socket.socket(fileno=os.dup(holder.get_fd()))
 
 
 class EmbeddedServer:
@@ -186,20 +191,21 @@ class EmbeddedServer:
             log_level=LogLevels.error,
         )
         self._task: asyncio.Task[None] | None = None
+        self.port = port
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._server.serve())
-        # Binding happens synchronously at the start of serve(); a client connecting from here on waits in
-        # the listen backlog until the worker accepts.
-        while not self._server.bound_port:
-            if self._task.done():
-                self._task.result()  # the bind failed: raise its error
-                raise RuntimeError("granian stopped before binding")
-            await asyncio.sleep(0)
-
-    @property
-    def port(self) -> int:
-        return self._server.bound_port
+        task = self._task = asyncio.create_task(self._server.serve())
+        # serve() binds at once; granian's worker thread then starts listening on that socket.
+        async with asyncio.timeout(_LISTEN_TIMEOUT_SECONDS):
+            while (bound := self._server.bound) is None or not bound.getsockopt(
+                socket.SOL_SOCKET, socket.SO_ACCEPTCONN
+            ):
+                if task.done():
+                    task.result()  # the bind failed: raise its error
+                    raise RuntimeError("granian stopped before listening")
+                await asyncio.sleep(0.001)
+        self.port = bound.getsockname()[1]
+        bound.close()  # a duplicate of granian's socket: closing it leaves granian's open
 
     async def stop(self) -> None:
         if self._task is None:
