@@ -93,3 +93,20 @@ def test_no_launcher_module_imports_the_proxy() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_the_launcher_process_loads_granian_without_its_optional_modules() -> None:
+    # Reloading, .env files and process titles are not features of granian's embedded server; the image
+    # installs those modules for other components, and the launcher's RSS budget has no room for them.
+    result = run(
+        "import os, sys\n"
+        "from sessionmem_launcher.__main__ import import_launcher_with_small_granian\n"
+        "import_launcher_with_small_granian()\n"
+        "from granian import _imports\n"
+        "print(sorted(m for m in ('anyio', 'dotenv', 'watchfiles', 'setproctitle') if m in sys.modules),\n"
+        "      _imports.watchfiles, bool(os.environ.get('_RJEM_MALLOC_CONF')))\n"
+        "import importlib.util\n"
+        "print(importlib.util.find_spec('watchfiles') is not None)"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[0] == "[] None True"

@@ -115,6 +115,12 @@ DEFAULT_QUOTA_BURST = 400
 
 # Standard OpenTelemetry variable: spans are exported by OTLP only when it is set.
 OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+# The options of the jemalloc inside granian's Rust extension (tikv-jemallocator's prefixed MALLOC_CONF);
+# the launcher sets LAUNCHER_JEMALLOC_CONF unless the variable is already set.
+GRANIAN_JEMALLOC_CONF = "_RJEM_MALLOC_CONF"
+# One arena, no thread caches, freed pages returned at once (jemalloc purges by decay only while it is
+# allocating, so pages freed at the end of a burst would otherwise stay resident until the next one).
+LAUNCHER_JEMALLOC_CONF = "narenas:1,tcache:false,dirty_decay_ms:0,muzzy_decay_ms:0"
 
 
 class ConfigError(ValueError):
