@@ -115,8 +115,8 @@ class RequestLimits:
         """The whole body, at most ``max_body_bytes``, all of it within ``body_timeout_seconds``."""
         headers = scope.headers
         length = headers.get("content-length")
-        if length is None and "transfer-encoding" not in headers:
-            return b""
+        if length == "0" or (length is None and "transfer-encoding" not in headers):
+            return b""  # nothing to wait for: asking granian for the body would cost a round to its thread
         limit = self._limits.max_body_bytes
         if length is not None and length.isdigit() and int(length) > limit:
             raise PayloadTooLarge(f"request body exceeds {limit} bytes")
