@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from sessionmem_core import api, env
+from sessionmem_core.errors import Unauthenticated, UserCapabilityRequired, from_wire
 from sessionmem_launcher.server import Launcher, serve_in_background
 from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess
@@ -201,3 +202,35 @@ async def test_the_endpoint_answers_what_the_proxy_answers(launcher: Launcher, p
             ]
         answers.append([_comparable(r) for r in calls])
     assert answers[0] == answers[1]
+
+
+async def test_an_id_whose_escapes_are_not_utf8_is_refused_not_merged(recorded: tuple[Recorder, str]) -> None:
+    # The server hands the launcher a decoded path, with U+FFFD where escapes were not UTF-8: "a%FF" and
+    # "a%EF%BF%BD" would reach one conversation, so neither is forwarded.
+    recorder, url = recorded
+    async with httpx.AsyncClient(base_url=url) as client:
+        answers = [await client.get(f"/v1/conversations/{raw}/entries") for raw in ("a%FF", "a%C0%AF", "a%EF%BF%BD")]
+        fine = await client.get("/v1/conversations/a%C3%A9/entries")
+    for answer in answers:
+        assert answer.status_code == 400 and answer.json()["error"]["type"] == "invalid_conversation_id"
+    assert fine.status_code == 200
+    assert [path for _, path, _ in recorder.requests] == ["/v1/conversations/aé/entries"]
+
+
+async def test_a_per_user_agent_without_a_capability_is_refused_as_the_client_expects(
+    dev_token_file: Path,
+) -> None:
+    recorder = Recorder()
+    upstream = await serve_in_background(recorder)
+    settings = launcher_settings(f"http://127.0.0.1:{upstream.port}", dev_token_file, **{env.PER_USER: "true"})
+    launcher = Launcher(settings, serve_host="127.0.0.1")
+    await launcher.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as client:
+            refused = await client.get("/v1/conversations/c1/entries")
+    finally:
+        await launcher.stop()
+        await upstream.stop()
+    assert refused.status_code == 401 and recorder.requests == []
+    error = from_wire(refused.status_code, refused.content)
+    assert isinstance(error, UserCapabilityRequired) and isinstance(error, Unauthenticated)
