@@ -1,5 +1,5 @@
-"""The launcher's memory endpoint served straight from its HTTP server (no ASGI in between): what only
-that path decides, checked against the real proxy or a real recording upstream."""
+"""The launcher's memory endpoint: what the launcher decides on its own (headers relayed, refusals before the
+proxy, spans), checked against the real proxy or a real recording upstream."""
 
 from __future__ import annotations
 
@@ -16,22 +16,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from sessionmem_core import api, env
-from sessionmem_core.http_server import HttpServer
-from sessionmem_core.telemetry import MemoryTracer
-from sessionmem_launcher.memory_api import MemoryEndpoint
-from sessionmem_launcher.memory_client import memory_client_from_settings
+from sessionmem_core.errors import Unauthenticated, UserCapabilityRequired, from_wire
 from sessionmem_launcher.server import Launcher, serve_in_background
 from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess
 from tests.test_proxy import exchange
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-def _tracer(exporter: InMemorySpanExporter) -> MemoryTracer:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return MemoryTracer(provider, "launcher")
 
 
 class Recorder:
@@ -135,23 +126,39 @@ async def test_an_empty_append_or_replace_is_a_typed_400_in_its_span(
     assert dict(span.attributes or {})["memory.outcome"] == "invalid_request"
 
 
-async def test_an_oversize_body_past_a_larger_server_limit_is_a_typed_413_in_its_span(
+async def _chunks(body: bytes, size: int) -> AsyncIterator[bytes]:
+    """A body sent chunked (no Content-Length): the limit holds while it streams."""
+    for start in range(0, len(body), size):
+        yield body[start : start + size]
+
+
+async def test_a_body_over_the_configured_limit_is_a_typed_413_in_its_span(
     proxy_process: ServiceProcess, dev_token_file: Path, span_exporter: InMemorySpanExporter
 ) -> None:
-    client = memory_client_from_settings(launcher_settings(proxy_process.base_url, dev_token_file))
-    endpoint = MemoryEndpoint(client, _tracer(span_exporter))
-    server: HttpServer = await serve_in_background(endpoint, max_body=2 * env.MAX_BODY_BYTES, router=endpoint.route)
-    body = orjson.dumps({"entries": [{"role": "user", "content": "x" * env.MAX_BODY_BYTES}]})
+    limit = 4096
+    settings = launcher_settings(proxy_process.base_url, dev_token_file, **{env.MAX_REQUEST_BODY_BYTES: str(limit)})
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(span_exporter))
+    launcher = Launcher(settings, tracer_provider=provider, serve_host="127.0.0.1")
+    await launcher.start()
+    fits = orjson.dumps({"entries": [{"role": "user", "content": "x" * (limit - 100)}]})
+    over = orjson.dumps({"entries": [{"role": "user", "content": "x" * limit}]})
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as http:
-            response = await http.post("/v1/conversations/big/entries", content=body)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as http:
+            stored = await http.post("/v1/conversations/big/entries", content=fits)
+            refused = await http.post("/v1/conversations/big/entries", content=over)
+            chunked = await http.post("/v1/conversations/big/entries", content=_chunks(over, 2000))
     finally:
-        await server.stop()
-        await client.aclose()
-    assert response.status_code == 413 and response.json()["error"]["type"] == "payload_too_large"
-    [span] = span_exporter.get_finished_spans()
-    assert span.name == "memory.append" and span.status.status_code is StatusCode.ERROR
-    assert dict(span.attributes or {})["memory.outcome"] == "payload_too_large"
+        await launcher.stop()
+    assert len(fits) <= limit < len(over)
+    assert stored.status_code == 200
+    for response in (refused, chunked):
+        assert response.status_code == 413 and response.json()["error"]["type"] == "payload_too_large"
+    spans = span_exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["memory.append"] * 3
+    for span in spans[1:]:
+        assert span.status.status_code is StatusCode.ERROR
+        assert dict(span.attributes or {})["memory.outcome"] == "payload_too_large"
 
 
 async def test_an_error_answer_of_the_proxy_passes_through_and_fails_the_span(
@@ -165,36 +172,65 @@ async def test_an_error_answer_of_the_proxy_passes_through_and_fails_the_span(
     assert dict(span.attributes or {})["memory.outcome"] == "invalid_request"
 
 
-def _comparable(response: httpx.Response) -> tuple[int, dict[str, str], Any]:
-    """Status, headers and body, without what differs between two conversations written a moment apart."""
+def _comparable(response: httpx.Response) -> tuple[int, Any]:
+    """Status and body, without what differs between two conversations written a moment apart."""
     body = response.json()
     body.pop("conversationId", None)
-    for entry in body.get("entries", []):
-        entry.pop("ts")
-    return response.status_code, dict(response.headers), body
+    for listed in ("entries", "matches"):
+        for entry in body.get(listed, []) if isinstance(body.get(listed), list) else []:
+            entry.pop("ts")
+    return response.status_code, body
 
 
-async def test_the_asgi_app_alone_answers_as_the_direct_route_does(
-    proxy_process: ServiceProcess, dev_token_file: Path, span_exporter: InMemorySpanExporter
-) -> None:
-    client = memory_client_from_settings(launcher_settings(proxy_process.base_url, dev_token_file))
-    endpoint = MemoryEndpoint(client, _tracer(span_exporter))
-    direct = await serve_in_background(endpoint, router=endpoint.route)
-    asgi = await serve_in_background(endpoint)
+async def test_the_endpoint_answers_what_the_proxy_answers(launcher: Launcher, proxy_process: ServiceProcess) -> None:
+    # The launcher passes the proxy's status and body through, and refuses on its own only what the proxy
+    # would refuse the same way; the proxy is asked directly with the token the launcher uses.
+    token = {"authorization": f"Bearer {Path(launcher.settings.token_path).read_text().strip()}"}
     answers = []
-    try:
-        for server, conversation in ((direct, "direct"), (asgi, "asgi00")):
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as http:
-                calls = [
-                    await http.post(f"/v1/conversations/{conversation}/entries", json=exchange("t")),
-                    await http.get(f"/v1/conversations/{conversation}/entries?limit=5"),
-                    await http.post(f"/v1/conversations/{conversation}/entries"),
-                    await http.get("/v1/conversations/bad:id/entries"),
-                ]
-            answers.append([_comparable(r) for r in calls])
-    finally:
-        await direct.stop()
-        await asgi.stop()
-        await client.aclose()
+    for base, headers, conversation in (
+        (f"http://127.0.0.1:{launcher.memory_port}", {}, "via-launcher"),
+        (proxy_process.base_url, token, "via-proxy000"),
+    ):
+        async with httpx.AsyncClient(base_url=base, headers=headers) as http:
+            calls = [
+                await http.post(f"/v1/conversations/{conversation}/entries", json=exchange("t")),
+                await http.get(f"/v1/conversations/{conversation}/entries?limit=5"),
+                await http.get(f"/v1/conversations/{conversation}/search?q=t"),
+                await http.get(f"/v1/conversations/{conversation}/entries?limit=-1"),
+                await http.get("/v1/conversations/bad:id/entries"),
+                await http.delete(f"/v1/conversations/{conversation}"),
+            ]
+        answers.append([_comparable(r) for r in calls])
     assert answers[0] == answers[1]
-    assert [s.name for s in span_exporter.get_finished_spans()] == ["memory.append", "memory.get"] * 4
+
+
+async def test_an_id_whose_escapes_are_not_utf8_is_refused_not_merged(recorded: tuple[Recorder, str]) -> None:
+    # The server hands the launcher a decoded path, with U+FFFD where escapes were not UTF-8: "a%FF" and
+    # "a%EF%BF%BD" would reach one conversation, so neither is forwarded.
+    recorder, url = recorded
+    async with httpx.AsyncClient(base_url=url) as client:
+        answers = [await client.get(f"/v1/conversations/{raw}/entries") for raw in ("a%FF", "a%C0%AF", "a%EF%BF%BD")]
+        fine = await client.get("/v1/conversations/a%C3%A9/entries")
+    for answer in answers:
+        assert answer.status_code == 400 and answer.json()["error"]["type"] == "invalid_conversation_id"
+    assert fine.status_code == 200
+    assert [path for _, path, _ in recorder.requests] == ["/v1/conversations/aé/entries"]
+
+
+async def test_a_per_user_agent_without_a_capability_is_refused_as_the_client_expects(
+    dev_token_file: Path,
+) -> None:
+    recorder = Recorder()
+    upstream = await serve_in_background(recorder)
+    settings = launcher_settings(f"http://127.0.0.1:{upstream.port}", dev_token_file, **{env.PER_USER: "true"})
+    launcher = Launcher(settings, serve_host="127.0.0.1")
+    await launcher.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as client:
+            refused = await client.get("/v1/conversations/c1/entries")
+    finally:
+        await launcher.stop()
+        await upstream.stop()
+    assert refused.status_code == 401 and recorder.requests == []
+    error = from_wire(refused.status_code, refused.content)
+    assert isinstance(error, UserCapabilityRequired) and isinstance(error, Unauthenticated)

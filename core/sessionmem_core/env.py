@@ -31,6 +31,7 @@ MAX_CONTENT_CHARS = 256 * 1024
 
 # --- pod (launcher) side, written by the operator ---
 PROXY_URL = "SESSIONMEM_PROXY_URL"
+# The operator's direct mode writes it; the launcher ignores it (it always talks to a proxy).
 BACKEND_ADDR = "SESSIONMEM_BACKEND_ADDR"
 TOKEN_PATH = "SESSIONMEM_TOKEN_PATH"
 NAMESPACE = "SESSIONMEM_NAMESPACE"
@@ -119,6 +120,12 @@ DEFAULT_QUOTA_BURST = 400
 
 # Standard OpenTelemetry variable: spans are exported by OTLP only when it is set.
 OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+# The options of the jemalloc inside granian's Rust extension (tikv-jemallocator's prefixed MALLOC_CONF);
+# the launcher sets LAUNCHER_JEMALLOC_CONF unless the variable is already set.
+GRANIAN_JEMALLOC_CONF = "_RJEM_MALLOC_CONF"
+# One arena, no thread caches, freed pages returned at once (jemalloc purges by decay only while it is
+# allocating, so pages freed at the end of a burst would otherwise stay resident until the next one).
+LAUNCHER_JEMALLOC_CONF = "narenas:1,tcache:false,dirty_decay_ms:0,muzzy_decay_ms:0"
 
 
 class ConfigError(ValueError):
@@ -162,8 +169,8 @@ def _bool(env: Mapping[str, str], name: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class LauncherSettings:
+    # None only where memory is off; the launcher refuses to start without it (no direct-to-Valkey mode).
     proxy_url: str | None
-    backend_addr: str | None
     token_path: str
     namespace: str
     agent: str
@@ -182,6 +189,15 @@ class LauncherSettings:
     summary_threshold: int = 0
     summarizer_url: str = "builtin"
     token_counter: str = "approx"
+    # Serving limits of both listeners (docs/limits-launcher.md).
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_header_count: int = DEFAULT_MAX_HEADER_COUNT
+    max_url_bytes: int = DEFAULT_MAX_URL_BYTES
+    max_body_bytes: int = MAX_BODY_BYTES
+    header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS
+    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
+    idle_timeout_seconds: float = DEFAULT_IDLE_TIMEOUT_SECONDS
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LauncherSettings:
@@ -192,7 +208,6 @@ class LauncherSettings:
         tokens = _int(env, REPLAY_TOKENS, 0, 0, 10_000_000)
         return cls(
             proxy_url=(env.get(PROXY_URL) or None),
-            backend_addr=(env.get(BACKEND_ADDR) or None),
             token_path=env.get(TOKEN_PATH) or DEFAULT_TOKEN_PATH,
             namespace=env.get(NAMESPACE, ""),
             agent=env.get(AGENT, ""),
@@ -211,6 +226,15 @@ class LauncherSettings:
             summary_threshold=_int(env, SUMMARY_THRESHOLD, 0, 0, MAX_CAP),
             summarizer_url=env.get(SUMMARIZER_URL) or "builtin",
             token_counter=env.get(TOKEN_COUNTER) or "approx",
+            # hyper refuses a read buffer under 8 KiB, and the whole request head must fit in it.
+            max_header_bytes=_int(env, MAX_HEADER_BYTES, DEFAULT_MAX_HEADER_BYTES, 8192, 1024 * 1024),
+            max_header_count=_int(env, MAX_HEADER_COUNT, DEFAULT_MAX_HEADER_COUNT, 1, 100),
+            max_url_bytes=_int(env, MAX_URL_BYTES, DEFAULT_MAX_URL_BYTES, 64, 64 * 1024),
+            max_body_bytes=_int(env, MAX_REQUEST_BODY_BYTES, MAX_BODY_BYTES, 1024, 64 * MAX_BODY_BYTES),
+            header_timeout_seconds=_float(env, HEADER_TIMEOUT_SECONDS, DEFAULT_HEADER_TIMEOUT_SECONDS),
+            body_timeout_seconds=_float(env, BODY_TIMEOUT_SECONDS, DEFAULT_BODY_TIMEOUT_SECONDS),
+            idle_timeout_seconds=_float(env, IDLE_TIMEOUT_SECONDS, DEFAULT_IDLE_TIMEOUT_SECONDS),
+            max_connections=_int(env, MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS, 1, 1_000_000),
         )
 
 

@@ -67,6 +67,32 @@ class PayloadTooLarge(SessionMemError):
     status = 413
 
 
+class RequestTimeout(SessionMemError):
+    """The request body did not arrive within the server's body timeout."""
+
+    error_type = "request_timeout"
+    status = 408
+
+
+class UrlTooLong(SessionMemError):
+    error_type = "url_too_long"
+    status = 414
+
+
+class HeaderFieldsTooLarge(SessionMemError):
+    """Too many request headers (a head over the byte limit is refused by the HTTP server itself)."""
+
+    error_type = "header_fields_too_large"
+    status = 431
+
+
+class Overloaded(SessionMemError):
+    """More requests in flight than the server's connection limit allows."""
+
+    error_type = "overloaded"
+    status = 503
+
+
 class BackendUnavailable(SessionMemError):
     """The memory backend (Valkey, or the proxy seen from the launcher) cannot be reached in time."""
 

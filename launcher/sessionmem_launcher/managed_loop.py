@@ -12,26 +12,47 @@ an ``output`` string, which is passed back to the caller as it is.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import orjson
+from granian._granian import RSGIHTTPProtocol as HTTPProtocol
+from granian.rsgi import Scope
 
-from sessionmem_core import api, env
+from sessionmem_core import api
 from sessionmem_core.env import LauncherSettings
 from sessionmem_core.errors import InvalidRequest, SessionMemError
 from sessionmem_core.http_client import HttpClient
 from sessionmem_core.ids import new_message_id, validate_conversation_id
-from sessionmem_core.telemetry import MemoryTracer
-from sessionmem_launcher.asgi import header, read_body, respond, respond_error
-from sessionmem_launcher.memory_client import MemoryClient
+from sessionmem_launcher.forward import CallerHeaders, Forwarder
+from sessionmem_launcher.memory_api import HEALTH_PATH, HEALTHY
 from sessionmem_launcher.replay import history_from, load_counter, within_budget
+from sessionmem_launcher.serving import RequestLimits, respond, respond_error
 from sessionmem_launcher.summary import Compactor, summarizer_from_settings
 
-if TYPE_CHECKING:  # the launcher does not import Starlette at run time
-    from starlette.types import Receive, Scope, Send
+# The request headers relayed to the agent: an allow-list. The user's signed capability is bound to the turn
+# by the launcher and never reaches the agent process; neither do credentials or identity headers a caller
+# sends, nor hop-by-hop headers.
+AGENT_REQUEST_HEADERS = frozenset(
+    {
+        "content-type",
+        "accept",
+        "accept-language",
+        "user-agent",
+        api.TRACEPARENT_HEADER,
+        "tracestate",
+        "baggage",
+        "x-request-id",
+        api.CONVERSATION_ID_HEADER,
+    }
+)
+# The agent's answer goes back with its headers but the hop-by-hop ones (and the length and date, which the
+# launcher's server sets for the answer it sends).
+_NOT_RETURNED = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "upgrade", "content-length", "date", "server"}
+)
 
-# Hop-by-hop and identity headers are not relayed to the agent.
-_NOT_RELAYED = {b"host", b"content-length", b"connection", b"transfer-encoding", b"keep-alive", b"upgrade"}
+# Characters a path keeps unescaped when the decoded path is sent on to the agent.
+_PATH_SAFE = "/!$&'()*+,;=:@~"
 
 
 class AgentUnavailable(SessionMemError):
@@ -43,92 +64,82 @@ class ManagedLoop:
     def __init__(
         self,
         settings: LauncherSettings,
-        client: MemoryClient,
-        tracer: MemoryTracer,
+        forwarder: Forwarder,
+        limits: RequestLimits,
         compactor: Compactor | None = None,
     ) -> None:
         self._settings = settings
-        self._memory = client
-        self._tracer = tracer
+        self._forwarder = forwarder
+        self._limits = limits
         self._count_tokens = load_counter(settings.token_counter)
-        self.compactor = compactor or Compactor(settings, client, summarizer_from_settings(settings), tracer)
+        self.compactor = compactor or Compactor(settings, forwarder, summarizer_from_settings(settings))
         self._agent = HttpClient(f"http://127.0.0.1:{settings.agent_port}", timeout=settings.agent_timeout_seconds)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
+    async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
+        limits = self._limits
         try:
-            if scope["path"] == "/healthz" and scope["method"] == "GET":
-                await respond(send, 200, b'{"status":"ok"}')
-                return
-            body = await read_body(receive, env.MAX_BODY_BYTES)
-            conversation_id = header(scope["headers"], api.CONVERSATION_ID_HEADER.encode())
-            if conversation_id is None:
-                status, headers, answer = await self._call_agent(scope, body)
-                await respond(send, status, answer, headers)
-                return
-            await self._turn(scope, send, validate_conversation_id(conversation_id), body)
+            limits.admit(scope)
         except SessionMemError as exc:
-            await respond_error(send, exc)
+            respond_error(proto, exc)
+            return
+        limits.in_flight += 1
+        try:
+            await self._serve(scope, proto)
+        except SessionMemError as exc:
+            respond_error(proto, exc)
+        finally:
+            limits.in_flight -= 1
 
-    async def _turn(self, scope: Scope, send: Send, conversation_id: str, body: bytes) -> None:
+    async def _serve(self, scope: Scope, proto: HTTPProtocol) -> None:
+        if scope.path == HEALTH_PATH and scope.method == "GET":
+            respond(proto, 200, HEALTHY)
+            return
+        body = await self._limits.read_body(scope, proto)
+        conversation_id = scope.headers.get(api.CONVERSATION_ID_HEADER)
+        if conversation_id is None:
+            status, headers, answer = await self._call_agent(scope, body)
+            proto.response_bytes(status, headers, answer)
+            return
+        await self._turn(scope, proto, validate_conversation_id(conversation_id), body)
+
+    async def _turn(self, scope: Scope, proto: HTTPProtocol, conversation_id: str, body: bytes) -> None:
         try:
             request = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise InvalidRequest("a turn with X-Conversation-Id must be a JSON object") from exc
         if not isinstance(request, dict) or not isinstance(request.get("input"), str):
             raise InvalidRequest("a turn with X-Conversation-Id needs a string field 'input'")
-        headers = scope["headers"]
-        traceparent = header(headers, b"traceparent")
-        capability = header(headers, api.USER_CAPABILITY_HEADER.encode())
+        caller = CallerHeaders.of(scope.headers.get)
 
         memory_status = "ok"
-        history = await self._replay(conversation_id, capability, traceparent)
+        history = await self._replay(conversation_id, caller)
         if history is None:
             memory_status, history = "unavailable", []
         request["history"] = history
         status, agent_headers, answer = await self._call_agent(scope, orjson.dumps(request))
         output = _output_of(answer) if 200 <= status < 300 else None
         if output is not None:
-            stored = await self._store(conversation_id, request["input"], output, capability, traceparent)
+            stored = await self._store(conversation_id, request["input"], output, caller)
             if not stored and memory_status == "ok":
                 memory_status = "not-stored"
         elif memory_status == "ok":
             memory_status = "not-stored"
-        await respond(
-            send, status, answer, [*agent_headers, (api.MEMORY_STATUS_HEADER.encode(), memory_status.encode())]
-        )
+        proto.response_bytes(status, [*agent_headers, (api.MEMORY_STATUS_HEADER, memory_status)], answer)
 
-    async def _replay(
-        self, conversation_id: str, capability: str | None, traceparent: str | None
-    ) -> list[dict[str, object]] | None:
+    async def _replay(self, conversation_id: str, caller: CallerHeaders) -> list[dict[str, object]] | None:
         """The last turns as the agent sees them, or None when memory is unavailable."""
         query = [(api.LIMIT_PARAM, str(self._settings.replay_messages)), ("summary", "true")]
-        try:
-            with self._tracer.span("get", conversation_id, traceparent) as span:
-                response = await self._memory.call(
-                    "GET",
-                    api.entries_path(conversation_id),
-                    query,
-                    None,
-                    capability=capability,
-                    traceparent=traceparent,
-                )
-                span.scope, span.entries, span.version = response.scope, response.entries, response.version
-                if response.status != 200:
-                    span.fail(f"http_{response.status}")
-                    return None
-        except SessionMemError:
+        path = api.entries_path(conversation_id)
+        reply = await self._forwarder.forward("GET", "get", conversation_id, path, query, None, caller)
+        if reply.status != 200:
             return None
         try:
-            summary, window = history_from(orjson.loads(response.body))
+            summary, window = history_from(orjson.loads(reply.body))
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
             return None  # an unreadable history is memory unavailable: the turn goes on without it
         return within_budget(summary, window, self._settings.replay_tokens, self._count_tokens)
 
-    async def _store(
-        self, conversation_id: str, user: str, assistant: str, capability: str | None, traceparent: str | None
-    ) -> bool:
+    async def _store(self, conversation_id: str, user: str, assistant: str, caller: CallerHeaders) -> bool:
         turn = new_message_id()
         body = orjson.dumps(
             {
@@ -138,32 +149,35 @@ class ManagedLoop:
                 ]
             }
         )
-        try:
-            with self._tracer.span("append", conversation_id, traceparent) as span:
-                response = await self._memory.call(
-                    "POST", api.entries_path(conversation_id), [], body, capability=capability, traceparent=traceparent
-                )
-                span.scope, span.entries, span.version = response.scope, response.entries, response.version
-                if response.status != 200:
-                    span.fail(f"http_{response.status}")
-                    return False
-        except SessionMemError:
+        path = api.entries_path(conversation_id)
+        reply = await self._forwarder.forward("POST", "append", conversation_id, path, (), body, caller)
+        if reply.status != 200:
             return False
-        self.compactor.after_append(conversation_id, int(orjson.loads(response.body).get("length", 0)), capability)
+        try:
+            length = int(orjson.loads(reply.body).get("length", 0))
+        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+            return True  # stored; only the compaction hint is lost
+        self.compactor.after_append(conversation_id, length, caller)
         return True
 
-    async def _call_agent(self, scope: Scope, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        relayed = [(k, v) for k, v in scope["headers"] if k not in _NOT_RELAYED]
-        query = scope["query_string"].decode("latin-1")
-        target = scope.get("raw_path") or scope["path"].encode()
-        url = (target.decode("latin-1") if isinstance(target, bytes) else str(target)) + (f"?{query}" if query else "")
+    async def _call_agent(self, scope: Scope, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        relayed = [
+            (name.encode("latin-1"), value.encode("latin-1"))
+            for name, value in scope.headers.items()
+            if name in AGENT_REQUEST_HEADERS
+        ]
+        target = quote(scope.path, safe=_PATH_SAFE) + (f"?{scope.query_string}" if scope.query_string else "")
         try:
-            response = await self._agent.request(scope["method"], url, relayed, body)
+            response = await self._agent.request(scope.method, target, relayed, body)
         except OSError as exc:  # HttpTimeout and TimeoutError are OSErrors too
             raise AgentUnavailable(
                 f"agent on port {self._settings.agent_port} unreachable: {type(exc).__name__}"
             ) from exc
-        headers = [(k, v) for k, v in response.headers if k not in _NOT_RELAYED]
+        headers = [
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in response.headers
+            if name.lower().decode("latin-1") not in _NOT_RETURNED
+        ]
         return response.status, headers, response.body
 
     async def aclose(self) -> None:

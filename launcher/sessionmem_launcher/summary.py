@@ -24,8 +24,7 @@ from sessionmem_core import api
 from sessionmem_core.env import LauncherSettings
 from sessionmem_core.errors import SessionMemError
 from sessionmem_core.http_client import HttpClient
-from sessionmem_core.telemetry import MemoryTracer
-from sessionmem_launcher.memory_client import MemoryClient
+from sessionmem_launcher.forward import CallerHeaders, Forwarder
 
 _LOG = logging.getLogger("sessionmem.launcher.summary")
 _BUILTIN_MAX_CHARS = 4000
@@ -72,26 +71,24 @@ def summarizer_from_settings(settings: LauncherSettings) -> Summarizer:
 
 
 class Compactor:
-    def __init__(
-        self, settings: LauncherSettings, memory: MemoryClient, summarizer: Summarizer, tracer: MemoryTracer
-    ) -> None:
+    def __init__(self, settings: LauncherSettings, memory: Forwarder, summarizer: Summarizer) -> None:
         self._settings = settings
         self._memory = memory
         self._summarizer = summarizer
-        self._tracer = tracer
         self._running: dict[tuple[str, str | None], asyncio.Task[None]] = {}
 
     @property
     def enabled(self) -> bool:
         return self._settings.summary_threshold > 0 and self._settings.scope == "session"
 
-    def after_append(self, conversation_id: str, length: int, capability: str | None) -> None:
+    def after_append(self, conversation_id: str, length: int, caller: CallerHeaders) -> None:
         if not self.enabled or length <= self._settings.summary_threshold:
             return
-        slot = (conversation_id, capability)
+        slot = (conversation_id, caller.capability)
         if slot in self._running:
             return
-        task = asyncio.create_task(self._compact(conversation_id, capability))
+        # Off the turn's trace: the compaction outlives the request, and only the user's capability carries over.
+        task = asyncio.create_task(self._compact(conversation_id, CallerHeaders(capability=caller.capability)))
         self._running[slot] = task
         task.add_done_callback(lambda _: self._running.pop(slot, None))
 
@@ -100,12 +97,11 @@ class Compactor:
         while self._running:
             await asyncio.gather(*self._running.values(), return_exceptions=True)
 
-    async def _compact(self, conversation_id: str, capability: str | None) -> None:
+    async def _compact(self, conversation_id: str, caller: CallerHeaders) -> None:
         try:
-            with self._tracer.span("summarize", conversation_id, None) as span:
-                stored = await self._memory.call(
-                    "GET", api.export_path(conversation_id), [], None, capability=capability, traceparent=None
-                )
+            with self._memory.tracer.span("summarize", conversation_id, None) as span:
+                export = api.export_path(conversation_id)
+                stored = await self._memory.forward("GET", "export", conversation_id, export, (), None, caller)
                 if stored.status != 200:
                     span.fail(f"http_{stored.status}")
                     return
@@ -124,14 +120,14 @@ class Compactor:
                 version = int(history["version"])
                 seed = [{"role": "system", "content": text, "id": f"{api.SUMMARY_ID_PREFIX}{version}"}]
                 seed += [{"role": e["role"], "content": e["content"], "id": e["id"]} for e in window]
-                replaced = await self._memory.call(
+                replaced = await self._memory.forward(
                     "PUT",
+                    "replace",
+                    conversation_id,
                     api.conversation_path(conversation_id),
-                    [],
+                    (),
                     orjson.dumps({"entries": seed}),
-                    capability=capability,
-                    traceparent=None,
-                    if_match=str(version),
+                    CallerHeaders(capability=caller.capability, if_match=str(version)),
                 )
                 span.entries, span.version = len(seed), replaced.version
                 if replaced.status != 200:

@@ -1,0 +1,223 @@
+"""The one way the launcher reaches memory: ``Forwarder.forward``.
+
+Every memory operation goes through it: the agent's own calls on the memory endpoint, the managed loop's
+replay and append, the compactor's export and replace. It checks the conversation id, sets the pod's
+identity (its projected ServiceAccount token) and the pod's parameters (scope, cap, TTL, redactors) whatever
+the caller sent, relays only the allow-listed caller headers, records one ``memory.<op>`` span, and has one
+error path: a typed error becomes its typed answer, and an error answer of the proxy passes through as it
+is and fails the span.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import orjson
+
+from sessionmem_core import api
+from sessionmem_core.env import PROXY_URL, ConfigError, LauncherSettings
+from sessionmem_core.errors import BackendUnavailable, InvalidRequest, SessionMemError, UserCapabilityRequired
+from sessionmem_core.http_client import HttpClient, HttpResponse
+from sessionmem_core.ids import validate_conversation_id
+from sessionmem_core.telemetry import MemoryTracer, inject_traceparent
+
+# Query parameters set from the pod's configuration on every call; an agent's values for them are dropped.
+POD_PARAMS = frozenset({api.SCOPE_PARAM, api.CAP_PARAM, api.TTL_PARAM, api.REDACT_PARAM})
+# Operations that write, and so carry the write parameters (cap, TTL, redactors) besides the scope.
+_WRITES = frozenset({"append", "replace"})
+_SCOPE = api.SCOPE_HEADER.encode()
+
+
+@dataclass(frozen=True, slots=True)
+class CallerHeaders:
+    """The only request headers of a caller that reach the proxy (an allow-list: an identity header the
+    agent sets never does; the identity is the pod's token)."""
+
+    capability: str | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
+    if_match: str | None = None
+
+    @classmethod
+    def of(cls, get: _HeaderGetter) -> CallerHeaders:
+        return cls(
+            capability=get(api.USER_CAPABILITY_HEADER),
+            traceparent=get(api.TRACEPARENT_HEADER),
+            tracestate=get("tracestate"),
+            if_match=get("if-match"),
+        )
+
+
+class _HeaderGetter(Protocol):
+    def __call__(self, name: str, /) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReply:
+    status: int
+    body: bytes
+    scope: str | None = None
+    entries: int | None = None
+    version: int | None = None
+
+
+class Transport(Protocol):
+    """Sends one request, bounded by the launcher's proxy timeout (an OSError when it runs out)."""
+
+    async def request(
+        self, method: str, target: str, headers: Iterable[tuple[bytes, bytes]] = (), body: bytes | None = None
+    ) -> HttpResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _TokenFile:
+    """The pod's projected token as an ``Authorization`` value, read again only when ``stat`` of the path
+    tells it changed (reading the file on every call cost more than the rest of the header building).
+
+    The kubelet rotates a projected token by pointing a symlink at a new directory, which ``os.stat``
+    (following links) sees as another inode; an in-place rewrite changes mtime, ctime or size. The path is
+    stat'ed before it is read, so a change landing between the two is seen again on the next call."""
+
+    __slots__ = ("_path", "_seen", "_value")
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._seen: tuple[int, int, int, int, int] | None = None
+        self._value = b""
+
+    def authorization(self) -> bytes:
+        try:
+            st = os.stat(self._path)
+            seen = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if seen != self._seen:
+                self._value = b"Bearer " + self._path.read_text().strip().encode()
+                self._seen = seen
+        except (OSError, UnicodeError) as exc:
+            # Checked on every call: a token gone or unreadable is never masked by the cached copy.
+            self._seen = None
+            raise BackendUnavailable(f"pod token {self._path} is not readable") from exc
+        return self._value
+
+
+class Forwarder:
+    def __init__(self, settings: LauncherSettings, transport: Transport, tracer: MemoryTracer) -> None:
+        self._settings = settings
+        self._http = transport
+        self.tracer = tracer
+        self._token = _TokenFile(Path(settings.token_path))
+        # The pod's own parameters never change: encoded once, not on every call.
+        write = [
+            (api.SCOPE_PARAM, settings.scope),
+            (api.CAP_PARAM, str(settings.cap)),
+            (api.TTL_PARAM, str(settings.ttl_seconds)),
+        ]
+        if settings.redact:
+            write.append((api.REDACT_PARAM, ",".join(settings.redact)))
+        self._write_query = api.query_string(write)
+        self._read_query = api.query_string([(api.SCOPE_PARAM, settings.scope)])
+
+    async def forward(
+        self,
+        method: str,
+        op: str,
+        conversation_id: str | None,
+        path: str,
+        query: Sequence[tuple[str, str]],
+        body: bytes | Callable[[], Awaitable[bytes]] | None,
+        caller: CallerHeaders,
+    ) -> MemoryReply:
+        """Forward one memory operation (``op`` and ``conversation_id`` as ``api.memory_route`` gives them,
+        ``path`` the decoded path it came on) and answer with the proxy's status and body, or the typed
+        answer of what stopped it. ``body`` may be a reader of the request's body, so that a body over the
+        limit or too slow to arrive fails this operation's span like any other refusal."""
+        try:
+            with self.tracer.span(op, conversation_id or "", caller.traceparent, caller.tracestate) as span:
+                if conversation_id is not None:
+                    validate_conversation_id(conversation_id)
+                if callable(body):
+                    body = await body()
+                if op in _WRITES and not body:
+                    raise InvalidRequest("request body is required")
+                if self._settings.per_user and caller.capability is None:
+                    # Without the user's capability this agent's memory would mix users: refuse, never fall back.
+                    raise UserCapabilityRequired(
+                        f"this agent keeps memory per user: send the {api.USER_CAPABILITY_HEADER} header"
+                    )
+                target = api.memory_path(op, conversation_id, path)
+                reply = await self._send(method, op, target, query, body or None, caller)
+                span.scope, span.entries, span.version = reply.scope, reply.entries, reply.version
+                if reply.status >= 400:
+                    span.fail(_error_type(reply.body))
+                return reply
+        except SessionMemError as exc:
+            return MemoryReply(exc.status, exc.body())
+
+    async def _send(
+        self,
+        method: str,
+        op: str,
+        path: str,
+        query: Sequence[tuple[str, str]],
+        body: bytes | None,
+        caller: CallerHeaders,
+    ) -> MemoryReply:
+        pod_query = self._write_query if op in _WRITES else self._read_query
+        own = api.query_string([(k, v) for k, v in query if k not in POD_PARAMS])
+        target = f"{path}?{own}&{pod_query}" if own else f"{path}?{pod_query}"
+        trace: dict[str, str] = {}
+        inject_traceparent(trace)  # the memory.<op> span under way, when spans are recorded
+        if "traceparent" not in trace and caller.traceparent:
+            trace["traceparent"] = caller.traceparent
+            if caller.tracestate:
+                trace["tracestate"] = caller.tracestate
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"authorization", self._token.authorization()),
+            *((k.encode(), v.encode("latin-1")) for k, v in trace.items()),
+        ]
+        if caller.capability is not None:
+            headers.append((api.USER_CAPABILITY_HEADER.encode(), caller.capability.encode("latin-1")))
+        if caller.if_match is not None:
+            headers.append((b"if-match", caller.if_match.encode("latin-1")))
+        try:
+            # The transport bounds the call (SESSIONMEM_PROXY_TIMEOUT_SECONDS).
+            response = await self._http.request(method, target, headers, body)
+        except (OSError, UnicodeError) as exc:  # HttpTimeout is an OSError too
+            raise BackendUnavailable(f"memory proxy unreachable: {type(exc).__name__}") from exc
+        return MemoryReply(
+            response.status,
+            response.body,
+            response.header(_SCOPE),
+            _int_header(response, api.ENTRIES_HEADER),
+            _int_header(response, api.VERSION_HEADER),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def forwarder_from_settings(settings: LauncherSettings, tracer: MemoryTracer) -> Forwarder:
+    """The launcher always talks to a proxy: without its URL there is nothing to forward to."""
+    if not settings.proxy_url:
+        raise ConfigError(
+            f"{PROXY_URL} is not set: the launcher forwards memory calls to the state-layer proxy and has no "
+            "other way to reach memory"
+        )
+    return Forwarder(settings, HttpClient(settings.proxy_url, timeout=settings.proxy_timeout_seconds), tracer)
+
+
+def _int_header(response: HttpResponse, name: str) -> int | None:
+    value = response.header(name.encode())
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def _error_type(body: bytes) -> str:
+    try:
+        return str(orjson.loads(body)["error"]["type"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return "upstream_error"

@@ -1,0 +1,233 @@
+"""The launcher's HTTP serving: granian's embedded server (Rust, hyper) on the running event loop, one per
+listening port, and the serving limits hyper does not enforce itself, checked per request.
+
+What hyper enforces (docs/limits-launcher.md): a request head larger than its read buffer (431, no body),
+more than 100 headers (431, no body), a head not complete within the header timeout, an idle keep-alive
+connection past that same timer (hyper starts it whenever it waits for a head), malformed requests (400),
+in-order answers to pipelined requests. What ``RequestLimits`` adds, with typed bodies: header count (431),
+URL length (414), body size (413), body timeout (408) and requests in flight (503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from granian._granian import ListenerSpec
+from granian._granian import RSGIHTTPProtocol as HTTPProtocol
+from granian.constants import HTTPModes, Interfaces
+from granian.http import HTTP1Settings
+from granian.log import LogLevels
+from granian.rsgi import Scope
+from granian.server.embed import Server
+
+from sessionmem_core import env
+from sessionmem_core.env import LauncherSettings
+from sessionmem_core.errors import (
+    HeaderFieldsTooLarge,
+    Overloaded,
+    PayloadTooLarge,
+    RequestTimeout,
+    SessionMemError,
+    UrlTooLong,
+)
+
+JSON = "application/json"
+JSON_HEADERS = [("content-type", JSON)]
+# hyper's smallest read buffer; a head must fit in the buffer, so it is also the smallest header limit.
+_MIN_READ_BUFFER = 8192
+_LISTEN_TIMEOUT_SECONDS = 10.0
+
+
+class RsgiApp(Protocol):
+    async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ServingLimits:
+    max_header_bytes: int = env.DEFAULT_MAX_HEADER_BYTES
+    max_header_count: int = env.DEFAULT_MAX_HEADER_COUNT
+    max_url_bytes: int = env.DEFAULT_MAX_URL_BYTES
+    max_body_bytes: int = env.MAX_BODY_BYTES
+    header_timeout_seconds: float = env.DEFAULT_HEADER_TIMEOUT_SECONDS
+    body_timeout_seconds: float = env.DEFAULT_BODY_TIMEOUT_SECONDS
+    idle_timeout_seconds: float = env.DEFAULT_IDLE_TIMEOUT_SECONDS
+    max_connections: int = env.DEFAULT_MAX_CONNECTIONS
+
+    @classmethod
+    def of(cls, settings: LauncherSettings) -> ServingLimits:
+        return cls(
+            max_header_bytes=settings.max_header_bytes,
+            max_header_count=settings.max_header_count,
+            max_url_bytes=settings.max_url_bytes,
+            max_body_bytes=settings.max_body_bytes,
+            header_timeout_seconds=settings.header_timeout_seconds,
+            body_timeout_seconds=settings.body_timeout_seconds,
+            idle_timeout_seconds=settings.idle_timeout_seconds,
+            max_connections=settings.max_connections,
+        )
+
+    def http1(self) -> HTTP1Settings:
+        # hyper has one timer for "waiting for a request head", started on a new connection and after each
+        # answer: it is the header timeout and the idle timeout at once, so the stricter of the two rules.
+        wait = min(self.header_timeout_seconds, self.idle_timeout_seconds)
+        return HTTP1Settings(
+            header_read_timeout=max(1, round(wait * 1000)),
+            keep_alive=True,
+            max_buffer_size=max(_MIN_READ_BUFFER, self.max_header_bytes),
+        )
+
+    @property
+    def open_connections(self) -> int:
+        """granian's cap on open connections (its ``backpressure``; further ones wait in the listen backlog).
+        Twice the requests allowed in flight, so a request over that limit still reaches the app and gets
+        its typed 503 instead of waiting unanswered."""
+        return 2 * self.max_connections
+
+
+class RequestLimits:
+    """The per-request checks of one listener, and its count of requests in flight."""
+
+    __slots__ = ("_limits", "in_flight")
+
+    def __init__(self, limits: ServingLimits) -> None:
+        self._limits = limits
+        self.in_flight = 0
+
+    def admit(self, scope: Scope) -> None:
+        """Raise the typed error of a request over a limit that needs no body to judge."""
+        limits = self._limits
+        if self.in_flight >= limits.max_connections:
+            raise Overloaded(f"more than {limits.max_connections} requests in flight")
+        # The decoded path's UTF-8 length: the raw target may be longer (percent-escapes), but the head
+        # as a whole is bounded by max_header_bytes before the request gets here.
+        url_bytes = len(scope.path.encode()) + len(scope.query_string)
+        if url_bytes > limits.max_url_bytes:
+            raise UrlTooLong(f"request target exceeds {limits.max_url_bytes} bytes")
+        if len(scope.headers.items()) > limits.max_header_count:
+            raise HeaderFieldsTooLarge(f"more than {limits.max_header_count} request headers")
+
+    async def read_body(self, scope: Scope, proto: HTTPProtocol) -> bytes:
+        """The whole body, at most ``max_body_bytes``, all of it within ``body_timeout_seconds``."""
+        headers = scope.headers
+        length = headers.get("content-length")
+        if length == "0" or (length is None and "transfer-encoding" not in headers):
+            return b""  # nothing to wait for: asking granian for the body would cost a round to its thread
+        limit = self._limits.max_body_bytes
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self._limits.body_timeout_seconds):
+                async for chunk in proto:
+                    size += len(chunk)
+                    if size > limit:
+                        raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+                    chunks.append(chunk)
+        except TimeoutError as exc:
+            raise RequestTimeout(f"request body not received within {self._limits.body_timeout_seconds} s") from exc
+        return b"".join(chunks)
+
+
+def respond(proto: HTTPProtocol, status: int, body: bytes, headers: list[tuple[str, str]] | None = None) -> None:
+    proto.response_bytes(status, JSON_HEADERS if headers is None else headers, body)
+
+
+# Answers after which the connection is not reused: the request's body (or more) may be left unread on it.
+_CLOSING = frozenset({408, 413, 414, 431})
+_JSON_AND_CLOSE = [*JSON_HEADERS, ("connection", "close")]
+
+
+def json_headers(status: int) -> list[tuple[str, str]]:
+    return _JSON_AND_CLOSE if status in _CLOSING else JSON_HEADERS
+
+
+def respond_error(proto: HTTPProtocol, error: SessionMemError) -> None:
+    proto.response_bytes(error.status, json_headers(error.status), error.body())
+
+
+class _BoundServer(Server):
+    """granian's embedded server bound to a socket it opens before serving, so ``port`` 0 can be read back.
+
+    granian (on Linux) otherwise hands its workers a socket *spec* each binds anew; with port 0 nobody would
+    know the port. This is the path granian takes on other platforms (a pre-built socket), taken always."""
+
+    bound: socket.socket | None = None
+
+    def _init_shared_socket(self) -> None:
+        holder = ListenerSpec(self.bind_addr, self.bind_port, self.backlog).build()
+        self._ssp = None
+        self._shd = holder  # type: ignore[assignment]  # granian declares it None until bound
+        self._sfd = holder.get_fd()
+        self.bound = socket.socket(fileno=os.dup(holder.get_fd()))
+
+
+class EmbeddedServer:
+    """One listening port served by granian on the running event loop until ``stop()``."""
+
+    def __init__(
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        limits: ServingLimits,
+        interface: Interfaces = Interfaces.RSGI,
+    ) -> None:
+        self._server = _BoundServer(
+            app,
+            address=host,
+            port=port,
+            interface=interface,
+            http=HTTPModes.http1,
+            websockets=False,
+            backlog=1024,
+            backpressure=limits.open_connections,
+            http1_settings=limits.http1(),
+            log_level=LogLevels.error,
+        )
+        self._task: asyncio.Task[None] | None = None
+        self.port = port
+
+    async def start(self) -> None:
+        task = self._task = asyncio.create_task(self._server.serve())
+        # serve() binds at once; granian's worker thread then starts listening on that socket.
+        async with asyncio.timeout(_LISTEN_TIMEOUT_SECONDS):
+            while (bound := self._server.bound) is None or not bound.getsockopt(
+                socket.SOL_SOCKET, socket.SO_ACCEPTCONN
+            ):
+                if task.done():
+                    task.result()  # the bind failed: raise its error
+                    raise RuntimeError("granian stopped before listening")
+                await asyncio.sleep(0.001)
+        self.port = bound.getsockname()[1]
+        bound.close()  # a duplicate of granian's socket: closing it leaves granian's open
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self._server.stop()  # type: ignore[no-untyped-call]
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+        self._server._shd = None  # the listening socket closes with its last reference
+
+
+async def serve_in_background(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    limits: ServingLimits | None = None,
+    interface: Interfaces | None = None,
+) -> EmbeddedServer:
+    """Serve ``app`` on the running loop until ``stop()``; ``port`` 0 picks a free one (see ``.port``).
+    An object with ``__rsgi__`` is served as RSGI, anything else as an ASGI app without lifespan."""
+    if interface is None:
+        interface = Interfaces.RSGI if hasattr(app, "__rsgi__") else Interfaces.ASGINL
+    server = EmbeddedServer(app, host, port, limits or ServingLimits(), interface)
+    await server.start()
+    return server
