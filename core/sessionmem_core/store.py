@@ -19,42 +19,89 @@ from typing import Any, Protocol
 
 import orjson
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
+from valkey.exceptions import OutOfMemoryError, ValkeyError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
-from valkey.exceptions import ValkeyError
 
+from sessionmem_core import env
 from sessionmem_core.api import SUMMARY_ID_PREFIX
 from sessionmem_core.errors import BackendUnavailable, VersionConflict
 from sessionmem_core.ids import new_message_id
 
-# Append: KEYS[1] the conversation; ARGV = cap, ttl, the client's first message id ('' when the ids were
-# minted here, so no retry is possible), then (id, rest-of-entry) pairs. A batch whose first id is already
-# stored is a retry: nothing is written and the current version is returned.
+# How far back an append looks for the ids of a retried batch: the newest RETRY_WINDOW_ENTRIES entries,
+# and no more than RETRY_WINDOW_BYTES of them (read from the tail in growing chunks, stopping as soon as
+# every client id is found). Both bound the work per append whatever the conversation's length; a retry
+# is recognised while its original is still inside that window (docs/lifecycle.md, "Retries").
+RETRY_WINDOW_ENTRIES = 2 * env.MAX_ENTRIES_PER_APPEND
+RETRY_WINDOW_BYTES = 2 * env.MAX_BODY_BYTES
+
+# Append: KEYS[1] the conversation; ARGV = cap, ttl, window entries, window bytes, then (id, client?, rest)
+# triples, client? '1' when the id came from the client (a minted id cannot be a retry). Each entry is
+# judged on its own: an id already stored in the window, or earlier in the same batch, is skipped; the
+# rest are stored. Answers {version, stored, length, duplicate ids, bytes added (net of what the cap
+# trimmed), 1 when the conversation was new}.
 _APPEND = """
 local key = KEYS[1]
 local cap = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
+local window = tonumber(ARGV[3])
+local window_bytes = tonumber(ARGV[4])
 local tail = redis.call('LINDEX', key, -1)
 local v = 0
 if tail then v = tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) or 0 end
-if ARGV[3] ~= '' and tail then
-  local probe = '{"id":"' .. ARGV[3] .. '",'
-  local plen = string.len(probe)
-  local stored = redis.call('LRANGE', key, 0, -1)
-  for i = #stored, 1, -1 do
-    if string.sub(stored[i], 1, plen) == probe then
-      return {v, 0, redis.call('LLEN', key)}
-    end
+local wanted = {}
+local missing = 0
+for i = 5, #ARGV, 3 do
+  if ARGV[i + 1] == '1' and not wanted[ARGV[i]] then
+    wanted[ARGV[i]] = true
+    missing = missing + 1
   end
 end
-v = v + 1
-local batch = {}
-for i = 4, #ARGV, 2 do
-  batch[#batch + 1] = '{"id":"' .. ARGV[i] .. '","v":' .. v .. ARGV[i + 1]
+local stored_before = {}
+if tail and missing > 0 then
+  local limit = math.min(window, redis.call('LLEN', key))
+  local from, chunk, seen_bytes = 1, 8, 0
+  while from <= limit and missing > 0 and seen_bytes <= window_bytes do
+    local to = math.min(from + chunk - 1, limit)
+    local part = redis.call('LRANGE', key, -to, -from)
+    for j = #part, 1, -1 do
+      seen_bytes = seen_bytes + #part[j]
+      local id = string.match(part[j], '^{"id":"([^"]*)"')
+      if id and wanted[id] then
+        wanted[id] = nil
+        stored_before[id] = true
+        missing = missing - 1
+      end
+    end
+    from = to + 1
+    chunk = chunk * 2
+  end
 end
-redis.call('RPUSH', key, unpack(batch))
-redis.call('LTRIM', key, -cap, -1)
+local batch, duplicates, taken = {}, {}, {}
+local added = 0
+for i = 5, #ARGV, 3 do
+  local id = ARGV[i]
+  if stored_before[id] or taken[id] then
+    duplicates[#duplicates + 1] = id
+  else
+    taken[id] = true
+    batch[#batch + 1] = '{"id":"' .. id .. '","v":' .. (v + 1) .. ARGV[i + 2]
+    added = added + #batch[#batch]
+  end
+end
+if #batch == 0 then
+  return {v, 0, redis.call('LLEN', key), duplicates, 0, 0}
+end
+v = v + 1
+local length = redis.call('RPUSH', key, unpack(batch))
+if length > cap then
+  for _, gone in ipairs(redis.call('LRANGE', key, 0, length - cap - 1)) do
+    added = added - #gone
+  end
+  redis.call('LTRIM', key, -cap, -1)
+  length = cap
+end
 redis.call('EXPIRE', key, ttl)
-return {v, #batch, redis.call('LLEN', key)}
+return {v, #batch, length, duplicates, added, tail and 0 or 1}
 """
 
 # Replace (seed): ARGV = expected version ('*' for any), cap, ttl, then (id, rest) pairs.
@@ -122,9 +169,15 @@ class AppendResult:
     version: int
     stored: int
     length: int = 0
+    # Ids of the batch's entries that were not stored: already in the conversation, or repeated in the batch.
+    duplicate_ids: tuple[str, ...] = ()
+    # Bytes the conversation grew by (negative when the cap trimmed more than was added).
+    bytes_added: int = 0
+    created: bool = False
 
     @property
     def duplicate(self) -> bool:
+        """Nothing new was stored: the whole batch was a retry."""
         return self.stored == 0
 
 
@@ -151,12 +204,15 @@ class ValkeyLike(Protocol):
     def scan(self, cursor: int = 0, match: str | None = None, count: int | None = None) -> Any: ...
 
 
-def _entry_args(entries: Sequence[NewEntry], author: str, now_ms: int) -> list[str]:
+def _entry_args(entries: Sequence[NewEntry], author: str, now_ms: int, client_flags: bool = False) -> list[str]:
+    """(id, rest-of-entry) pairs; with ``client_flags``, (id, '1' if the client chose it else '0', rest)."""
     args: list[str] = []
     for entry in entries:
         rest = orjson.dumps({"role": entry.role, "content": entry.content, "author": author, "ts": now_ms})
         # The id was validated (no quotes, no control characters), so it is safe inside a JSON string.
         args.append(entry.id or new_message_id())
+        if client_flags:
+            args.append("1" if entry.id else "0")
         args.append("," + rest[1:].decode())
     return args
 
@@ -175,10 +231,22 @@ class ConversationStore:
     async def append(
         self, key: str, entries: Sequence[NewEntry], author: str, cap: int, ttl_seconds: int
     ) -> AppendResult:
-        probe = entries[0].id or ""
-        args = [cap, ttl_seconds, probe, *_entry_args(entries, author, _now_ms())]
-        version, stored, length = await self._call(self._append, key, args)
-        return AppendResult(version=int(version), stored=int(stored), length=int(length))
+        args = [
+            cap,
+            ttl_seconds,
+            RETRY_WINDOW_ENTRIES,
+            RETRY_WINDOW_BYTES,
+            *_entry_args(entries, author, _now_ms(), client_flags=True),
+        ]
+        version, stored, length, duplicates, added, created = await self._call(self._append, key, args)
+        return AppendResult(
+            version=int(version),
+            stored=int(stored),
+            length=int(length),
+            duplicate_ids=tuple(d.decode() if isinstance(d, bytes) else str(d) for d in duplicates),
+            bytes_added=int(added),
+            created=bool(created),
+        )
 
     async def read(self, key: str, limit: int) -> ReadResult:
         if limit <= 0:
@@ -243,6 +311,10 @@ class ConversationStore:
         except ValkeyError as exc:
             if "LOADING" in str(exc) or "MASTERDOWN" in str(exc) or "CLUSTERDOWN" in str(exc):
                 raise BackendUnavailable(f"memory backend not ready: {exc}") from exc
+            if isinstance(exc, OutOfMemoryError) or "command not allowed when used memory" in str(exc):
+                # maxmemory reached (noeviction): nothing can be written until memory is freed. The server
+                # is up but full, which the caller sees as the documented 503, never a 500.
+                raise BackendUnavailable("memory backend is full (maxmemory reached)") from exc
             raise
 
 

@@ -127,8 +127,15 @@ async def append_conversation(
         operation.span.entries, operation.span.version = result.stored, result.version
         duplicate = b"true" if result.duplicate else b"false"
         return memory_reply(
-            b'{"version":%d,"stored":%d,"duplicate":%s,"scope":"%s","length":%d}'
-            % (result.version, result.stored, duplicate, operation.scope.encode(), result.length),
+            b'{"version":%d,"stored":%d,"duplicate":%s,"scope":"%s","length":%d,"duplicateIds":%s}'
+            % (
+                result.version,
+                result.stored,
+                duplicate,
+                operation.scope.encode(),
+                result.length,
+                orjson.dumps(result.duplicate_ids),
+            ),
             operation.scope,
             result.stored,
             result.version,
