@@ -301,7 +301,7 @@ def _install_routes(app: FastAPI) -> None:
         ) as operation:
             result = await ctx.store.replace(
                 operation.key,
-                new_entries(ctx, body.entries, redact),
+                await new_entries(ctx, body.entries, redact),
                 author=operation.identity.owner.author,
                 expected_version=expected,
                 cap=cap,
