@@ -11,9 +11,10 @@ Used by the proxy, and by a launcher configured to talk to Valkey directly (no p
 
 from __future__ import annotations
 
+import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,8 +25,11 @@ from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 from sessionmem_core import env
 from sessionmem_core.api import SUMMARY_ID_PREFIX
-from sessionmem_core.errors import BackendUnavailable, VersionConflict
+from sessionmem_core.errors import BackendUnavailable, SessionMemError, VersionConflict
 from sessionmem_core.ids import new_message_id
+from sessionmem_core.keys import usage_keys, usage_space
+
+_LOG = logging.getLogger("sessionmem.store")
 
 # How far back an append looks for the ids of a retried batch: the newest RETRY_WINDOW_ENTRIES entries,
 # and no more than RETRY_WINDOW_BYTES of them (read from the tail in growing chunks, stopping as soon as
@@ -111,7 +115,7 @@ local tail = redis.call('LINDEX', key, -1)
 local v = 0
 if tail then v = tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) or 0 end
 if ARGV[1] ~= '*' and tonumber(ARGV[1]) ~= v then
-  return {-1, v}
+  return {-1, v, 0}
 end
 v = v + 1
 local batch = {}
@@ -122,7 +126,56 @@ redis.call('DEL', key)
 redis.call('RPUSH', key, unpack(batch))
 redis.call('LTRIM', key, -tonumber(ARGV[2]), -1)
 redis.call('EXPIRE', key, tonumber(ARGV[3]))
-return {v, math.min(#batch, tonumber(ARGV[2]))}
+local kept = math.min(#batch, tonumber(ARGV[2]))
+local size = 0
+for i = #batch - kept + 1, #batch do size = size + #batch[i] end
+return {v, kept, size}
+"""
+
+# Per-space storage accounting. KEYS = (conversation expiries: a sorted set of conversation key -> expiry
+# in ms, conversation sizes: a hash of conversation key -> bytes plus the space's total under 'total');
+# both carry one hash tag, so they share a Cluster slot. ARGV = op ('add' bytes, 'set' bytes, 'forget',
+# 'peek'), the conversation key, bytes, ttl in seconds. Conversations past their expiry are dropped from
+# the accounting first (a bounded number per call), so TTL expiry frees quota without any sweeper; the
+# two keys expire with the last conversation they count. Answers {conversations, bytes, 1 when the
+# conversation was counted already}.
+_USAGE = """
+local expiries, sizes = KEYS[1], KEYS[2]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local gone = redis.call('ZRANGEBYSCORE', expiries, '-inf', now, 'LIMIT', 0, 64)
+for _, f in ipairs(gone) do
+  redis.call('HINCRBY', sizes, 'total', -tonumber(redis.call('HGET', sizes, f) or '0'))
+  redis.call('HDEL', sizes, f)
+  redis.call('ZREM', expiries, f)
+end
+local op, field = ARGV[1], ARGV[2]
+local known = redis.call('ZSCORE', expiries, field) and 1 or 0
+if op == 'add' or op == 'set' then
+  local old = tonumber(redis.call('HGET', sizes, field) or '0')
+  local new = tonumber(ARGV[3])
+  if op == 'add' then new = old + new end
+  if new < 0 then new = 0 end
+  redis.call('HSET', sizes, field, new)
+  redis.call('HINCRBY', sizes, 'total', new - old)
+  redis.call('ZADD', expiries, now + tonumber(ARGV[4]) * 1000, field)
+elseif op == 'forget' then
+  redis.call('HINCRBY', sizes, 'total', -tonumber(redis.call('HGET', sizes, field) or '0'))
+  redis.call('HDEL', sizes, field)
+  redis.call('ZREM', expiries, field)
+end
+local count = redis.call('ZCARD', expiries)
+if count == 0 then
+  redis.call('DEL', expiries, sizes)
+  return {0, 0, known}
+end
+if op ~= 'peek' then
+  local last = redis.call('ZRANGE', expiries, -1, -1, 'WITHSCORES')
+  local at = math.floor(tonumber(last[2])) + 1000
+  redis.call('PEXPIREAT', expiries, at)
+  redis.call('PEXPIREAT', sizes, at)
+end
+return {count, tonumber(redis.call('HGET', sizes, 'total') or '0'), known}
 """
 
 _DELETE = """
@@ -192,6 +245,64 @@ class ReadResult:
         return b"[" + b",".join(self.raw_entries) + b"]"
 
 
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What one space (an agent's private conversations, or a registry's shared ones) holds."""
+
+    conversations: int
+    bytes: int
+    # Whether the conversation the call named is among them.
+    counted: bool = False
+    at: float = 0.0  # time.monotonic() when read
+
+
+class UsageLedger:
+    """Per-space storage accounting, kept next to the conversations (``keys.usage_keys``) and updated after
+    every write by one more script call: O(1) in the conversation's length, O(log n) in the space's
+    conversations. The conversation and its accounting are two slots on a Cluster, so they cannot move in
+    one script: the ledger follows the write, and a crash between the two leaves the accounting short by
+    that write (erring toward the tenant) until the conversation's next write sets it right again.
+
+    The last usage read for each space is remembered in this process, so a quota check on the per-turn path
+    costs nothing when it is recent (``fresh_seconds``)."""
+
+    _REMEMBERED = 10_000
+
+    def __init__(self, client: ValkeyLike, fresh_seconds: float = 1.0) -> None:
+        self._script = client.register_script(_USAGE)
+        self._fresh_seconds = fresh_seconds
+        self._last: dict[str, Usage] = {}
+
+    def recent(self, space: str) -> Usage | None:
+        usage = self._last.get(space)
+        if usage is None or time.monotonic() - usage.at > self._fresh_seconds:
+            return None
+        return usage
+
+    async def peek(self, conversation_key: str) -> Usage:
+        return await self._run("peek", conversation_key, 0, 0)
+
+    async def added(self, conversation_key: str, size: int, ttl_seconds: int) -> Usage:
+        return await self._run("add", conversation_key, size, ttl_seconds)
+
+    async def sized(self, conversation_key: str, size: int, ttl_seconds: int) -> Usage:
+        return await self._run("set", conversation_key, size, ttl_seconds)
+
+    async def forget(self, conversation_key: str) -> Usage:
+        return await self._run("forget", conversation_key, 0, 0)
+
+    async def _run(self, op: str, conversation_key: str, size: int, ttl_seconds: int) -> Usage:
+        space = usage_space(conversation_key)
+        conversations, total, counted = await ConversationStore._guard(
+            self._script(keys=list(usage_keys(space)), args=[op, conversation_key, size, ttl_seconds])
+        )
+        usage = Usage(int(conversations), int(total), bool(counted), time.monotonic())
+        if len(self._last) >= self._REMEMBERED and space not in self._last:
+            self._last.clear()  # spaces are bounded by agents; a flood of them just starts over
+        self._last[space] = usage
+        return usage
+
+
 class ValkeyLike(Protocol):
     """What the store needs of a client: satisfied by valkey-py's standalone and cluster clients."""
 
@@ -220,8 +331,9 @@ def _entry_args(entries: Sequence[NewEntry], author: str, now_ms: int, client_fl
 class ConversationStore:
     """Atomic operations on one conversation key; backend failures surface as BackendUnavailable."""
 
-    def __init__(self, client: ValkeyLike) -> None:
+    def __init__(self, client: ValkeyLike, ledger: UsageLedger | None = None) -> None:
         self._client = client
+        self.ledger = ledger
         self._append = client.register_script(_APPEND)
         self._replace = client.register_script(_REPLACE)
         self._delete = client.register_script(_DELETE)
@@ -239,6 +351,12 @@ class ConversationStore:
             *_entry_args(entries, author, _now_ms(), client_flags=True),
         ]
         version, stored, length, duplicates, added, created = await self._call(self._append, key, args)
+        if self.ledger is not None and int(stored):
+            await self._account(
+                self.ledger.sized(key, int(added), ttl_seconds)
+                if created
+                else self.ledger.added(key, int(added), ttl_seconds)
+            )
         return AppendResult(
             version=int(version),
             stored=int(stored),
@@ -287,14 +405,27 @@ class ConversationStore:
     ) -> AppendResult:
         expected = "*" if expected_version is None else str(expected_version)
         args = [expected, cap, ttl_seconds, *_entry_args(entries, author, _now_ms())]
-        version, stored = await self._call(self._replace, key, args)
+        version, stored, size = await self._call(self._replace, key, args)
         if int(version) < 0:
             raise VersionConflict(f"conversation is at version {stored}, not {expected_version}")
+        if self.ledger is not None:
+            await self._account(self.ledger.sized(key, int(size), ttl_seconds))
         return AppendResult(version=int(version), stored=int(stored))
 
     async def delete(self, key: str) -> int:
         removed = await self._call(self._delete, key, [])
+        if self.ledger is not None:
+            await self._account(self.ledger.forget(key))
         return int(removed)
+
+    @staticmethod
+    async def _account(update: Awaitable[Usage]) -> None:
+        # The write itself succeeded: accounting that fails now is caught up by the conversation's next
+        # write (or its expiry), so it never turns a stored write into an error.
+        try:
+            await update
+        except (SessionMemError, ValkeyError) as exc:
+            _LOG.warning("storage accounting not updated: %s", exc)
 
     async def ping(self) -> None:
         await self._guard(self._client.ping())

@@ -20,7 +20,7 @@ from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import InvalidRequest, SessionMemError, error_body
 from sessionmem_core.ids import validate_conversation_id
 from sessionmem_core.keys import Scope
-from sessionmem_core.store import ConversationStore, search_entries
+from sessionmem_core.store import ConversationStore, UsageLedger, search_entries
 from sessionmem_core.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_core.valkey_client import connect
 from sessionmem_proxy.context import Ctx, ProxyContext, conversation_operation
@@ -50,6 +50,7 @@ from sessionmem_proxy.params import (
     TraceHeader,
     TtlQuery,
 )
+from sessionmem_proxy.quotas import DefaultLimits, KubeAgentLimits, LimitSource, QuotaLimits, Quotas
 from sessionmem_proxy.redaction import Redaction
 from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
 
@@ -85,7 +86,9 @@ def create_app(
     owned_client = None
     if store is None:
         owned_client = connect(settings.valkey_url, settings.valkey_timeout_seconds)
-        store = ConversationStore(owned_client)
+        store = ConversationStore(owned_client, UsageLedger(owned_client))
+    default_limits = QuotaLimits.defaults(settings)
+    limits: LimitSource = DefaultLimits(default_limits)
     kube_http = None
     if authenticator is None and settings.auth_mode == "dev":
         authenticator = DevAuthenticator()
@@ -94,6 +97,7 @@ def create_app(
         kube_http = api.client()
         authenticator = TokenReviewAuthenticator(kube_http, api, settings.audience)
         membership = membership or KubeRegistryMembership(kube_http, api.bearer, settings.membership_cache_seconds)
+        limits = KubeAgentLimits(kube_http, api.bearer, default_limits, settings.membership_cache_seconds)
     capability_key = (
         pathlib.Path(settings.capability_key_file).read_bytes().strip() if settings.capability_key_file else None
     )
@@ -105,6 +109,7 @@ def create_app(
         redaction=Redaction.from_json(settings.redact_patterns),
         tracer=MemoryTracer(tracer_provider or tracer_provider_from_env("sessionmem-proxy"), "proxy"),
         metrics=ProxyMetrics(),
+        quotas=Quotas(limits, store.ledger),
     )
 
     @asynccontextmanager
@@ -139,7 +144,9 @@ def create_app(
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SessionMemError)
     async def on_sessionmem_error(_: Request, exc: SessionMemError) -> Response:
-        return _json(exc.body(), exc.status)
+        response = _json(exc.body(), exc.status)
+        response.raw_headers.extend(exc.headers())
+        return response
 
     @app.exception_handler(Exception)
     async def on_unexpected(_: Request, exc: Exception) -> Response:

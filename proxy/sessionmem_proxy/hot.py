@@ -42,7 +42,7 @@ def memory_reply(body: bytes, scope: str, entries: int, version: int | None) -> 
 
 
 def error_reply(error: SessionMemError) -> Reply:
-    return Reply(error.status, JSON_HEADERS, error.body())
+    return Reply(error.status, [*JSON_HEADERS, *error.headers()], error.body())
 
 
 def internal_error_body(exc: Exception) -> bytes:
