@@ -8,9 +8,12 @@ always through this module, from a verified identity and a validated conversatio
 Conversation ids never contain ``:`` or ``/``, so the three layouts cannot collide: a session key has
 exactly two colons and one slash, a perUser key four colons and one slash, a shared key no slash.
 
-Per-agent storage accounting (the proxy's quotas) keeps two keys per space, outside ``mem:``:
-``memusage:{<namespace>/<agent>}:expiry`` and ``memusage:{<namespace>/<agent>}:bytes`` (``{shared:<registry>}``
-for a registry's shared conversations); the braces are a real hash tag, so both share one Cluster slot.
+Per-agent storage accounting (the proxy's quotas) keeps two keys per space:
+``mem:usage:{<namespace>/<agent>}:expiry`` and ``mem:usage:{<namespace>/<agent>}:bytes``
+(``{shared:<registry>}`` for a registry's shared conversations); the braces are a real hash tag, so both share
+one Cluster slot. They cannot collide with a conversation key (``usage:{`` is no namespace, and a shared key
+starts ``mem:shared:``), no conversation listing (``mem:<namespace>/<agent>:*``) finds them, and they stay
+under the ``mem:*`` keys the chart's Valkey ACL lets the proxy touch.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ def per_user_key(owner: Owner, bucket: str, conversation_id: str) -> str:
     return per_user_prefix(owner, bucket) + validate_conversation_id(conversation_id)
 
 
-USAGE_PREFIX = "memusage:"
+USAGE_PREFIX = f"{KEY_PREFIX}usage:"
 _SHARED = "shared:"
 
 
@@ -98,7 +101,7 @@ _LAYOUTS = (
     re.compile(rf"^mem:(?P<namespace>{_LABEL})/(?P<agent>{_LABEL}):(?P<cid>{_ID})$"),
     re.compile(rf"^mem:shared:(?P<registry>{_LABEL}):(?P<cid>{_ID})$"),
     re.compile(rf"^mem:(?P<namespace>{_LABEL})/(?P<agent>{_LABEL}):u:(?P<bucket>[0-9a-f]{{32}}):(?P<cid>{_ID})$"),
-    re.compile(rf"^memusage:\{{(?:{_LABEL}/{_LABEL}|shared:{_LABEL})\}}:(?:expiry|bytes)$"),
+    re.compile(rf"^mem:usage:\{{(?:{_LABEL}/{_LABEL}|shared:{_LABEL})\}}:(?:expiry|bytes)$"),
 )
 
 
