@@ -83,6 +83,15 @@ async def test_conversation_quota_is_a_507_for_that_agent_only(
     assert (await append(client, A, "c3")).status_code == 200
 
 
+async def test_concurrent_new_conversations_never_pass_the_count(
+    client_for: Callable[..., httpx.AsyncClient], valkey_server: ValkeyProcess
+) -> None:
+    client = client_for(**{env.QUOTA_CONVERSATIONS: "5"})
+    answers = await asyncio.gather(*(append(client, A, f"c{i}") for i in range(40)))
+    assert sorted(a.status_code for a in answers) == [200] * 5 + [507] * 35
+    assert len(valkey_server.client().keys("mem:team-a/greedy:*")) == 5
+
+
 async def test_byte_quota_is_a_507_and_follows_the_cap(
     client_for: Callable[..., httpx.AsyncClient], valkey_server: ValkeyProcess
 ) -> None:

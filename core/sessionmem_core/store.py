@@ -134,11 +134,16 @@ return {v, kept, size}
 
 # Per-space storage accounting. KEYS = (conversation expiries: a sorted set of conversation key -> expiry
 # in ms, conversation sizes: a hash of conversation key -> bytes plus the space's total under 'total');
-# both carry one hash tag, so they share a Cluster slot. ARGV = op ('add' bytes, 'set' bytes, 'forget',
-# 'peek'), the conversation key, bytes, ttl in seconds. Conversations past their expiry are dropped from
-# the accounting first (a bounded number per call), so TTL expiry frees quota without any sweeper; the
-# two keys expire with the last conversation they count. Answers {conversations, bytes, 1 when the
-# conversation was counted already}.
+# both carry one hash tag, so they share a Cluster slot. ARGV = op, the conversation key, then:
+# - 'reserve', max conversations, max bytes: admit a write. Refused (verdict 2) when the space's bytes are
+#   at the limit, or (verdict 1) when the conversation is not counted yet and the count is at the limit;
+#   otherwise a new conversation is counted at once, provisionally for RESERVE_MS (its write then sets
+#   its real expiry), so concurrent writers cannot all pass a check made before any of them is counted;
+# - 'add' bytes ttl / 'set' bytes ttl: after a write, the bytes it added (or the conversation's size);
+# - 'forget': after a delete; 'peek': read only.
+# Conversations past their expiry are dropped from the accounting first (a bounded number per call), so
+# TTL expiry frees quota without any sweeper; the two keys expire with the last conversation they count.
+# Answers {conversations, bytes, 1 when the conversation was counted already, verdict}.
 _USAGE = """
 local expiries, sizes = KEYS[1], KEYS[2]
 local t = redis.call('TIME')
@@ -151,7 +156,20 @@ for _, f in ipairs(gone) do
 end
 local op, field = ARGV[1], ARGV[2]
 local known = redis.call('ZSCORE', expiries, field) and 1 or 0
-if op == 'add' or op == 'set' then
+local verdict = 0
+local changed = #gone > 0
+if op == 'reserve' then
+  if tonumber(redis.call('HGET', sizes, 'total') or '0') >= tonumber(ARGV[4]) then
+    verdict = 2
+  elseif known == 0 then
+    if redis.call('ZCARD', expiries) >= tonumber(ARGV[3]) then
+      verdict = 1
+    else
+      redis.call('ZADD', expiries, now + 60000, field)
+      changed = true
+    end
+  end
+elseif op == 'add' or op == 'set' then
   local old = tonumber(redis.call('HGET', sizes, field) or '0')
   local new = tonumber(ARGV[3])
   if op == 'add' then new = old + new end
@@ -159,23 +177,25 @@ if op == 'add' or op == 'set' then
   redis.call('HSET', sizes, field, new)
   redis.call('HINCRBY', sizes, 'total', new - old)
   redis.call('ZADD', expiries, now + tonumber(ARGV[4]) * 1000, field)
+  changed = true
 elseif op == 'forget' then
   redis.call('HINCRBY', sizes, 'total', -tonumber(redis.call('HGET', sizes, field) or '0'))
   redis.call('HDEL', sizes, field)
   redis.call('ZREM', expiries, field)
+  changed = true
 end
 local count = redis.call('ZCARD', expiries)
 if count == 0 then
   redis.call('DEL', expiries, sizes)
-  return {0, 0, known}
+  return {0, 0, known, verdict}
 end
-if op ~= 'peek' then
+if changed then
   local last = redis.call('ZRANGE', expiries, -1, -1, 'WITHSCORES')
   local at = math.floor(tonumber(last[2])) + 1000
   redis.call('PEXPIREAT', expiries, at)
   redis.call('PEXPIREAT', sizes, at)
 end
-return {count, tonumber(redis.call('HGET', sizes, 'total') or '0'), known}
+return {count, tonumber(redis.call('HGET', sizes, 'total') or '0'), known, verdict}
 """
 
 _DELETE = """
@@ -251,33 +271,25 @@ class Usage:
 
     conversations: int
     bytes: int
-    # Whether the conversation the call named is among them.
+    # Whether the conversation the call named was counted already.
     counted: bool = False
-    at: float = 0.0  # time.monotonic() when read
+    # For a reservation: 0 admitted, 1 refused (conversation count at its limit), 2 refused (bytes).
+    verdict: int = 0
 
 
 class UsageLedger:
-    """Per-space storage accounting, kept next to the conversations (``keys.usage_keys``) and updated after
-    every write by one more script call: O(1) in the conversation's length, O(log n) in the space's
-    conversations. The conversation and its accounting are two slots on a Cluster, so they cannot move in
-    one script: the ledger follows the write, and a crash between the two leaves the accounting short by
-    that write (erring toward the tenant) until the conversation's next write sets it right again.
+    """Per-space storage accounting, kept next to the conversations (``keys.usage_keys``): a write is
+    admitted by one script call (``reserve``) and accounted by another after it (``added``/``sized``);
+    both are O(1) in the conversation's length and O(log n) in the space's conversations. The conversation
+    and its accounting are two slots on a Cluster, so they cannot move in one script: the accounting
+    follows the write, and a crash between the two leaves it short by that write (erring toward the
+    tenant) until the conversation's next write sets its size right again."""
 
-    The last usage read for each space is remembered in this process, so a quota check on the per-turn path
-    costs nothing when it is recent (``fresh_seconds``)."""
-
-    _REMEMBERED = 10_000
-
-    def __init__(self, client: ValkeyLike, fresh_seconds: float = 1.0) -> None:
+    def __init__(self, client: ValkeyLike) -> None:
         self._script = client.register_script(_USAGE)
-        self._fresh_seconds = fresh_seconds
-        self._last: dict[str, Usage] = {}
 
-    def recent(self, space: str) -> Usage | None:
-        usage = self._last.get(space)
-        if usage is None or time.monotonic() - usage.at > self._fresh_seconds:
-            return None
-        return usage
+    async def reserve(self, conversation_key: str, max_conversations: int, max_bytes: int) -> Usage:
+        return await self._run("reserve", conversation_key, max_conversations, max_bytes)
 
     async def peek(self, conversation_key: str) -> Usage:
         return await self._run("peek", conversation_key, 0, 0)
@@ -291,16 +303,12 @@ class UsageLedger:
     async def forget(self, conversation_key: str) -> Usage:
         return await self._run("forget", conversation_key, 0, 0)
 
-    async def _run(self, op: str, conversation_key: str, size: int, ttl_seconds: int) -> Usage:
-        space = usage_space(conversation_key)
-        conversations, total, counted = await ConversationStore._guard(
-            self._script(keys=list(usage_keys(space)), args=[op, conversation_key, size, ttl_seconds])
+    async def _run(self, op: str, conversation_key: str, first: int, second: int) -> Usage:
+        keys = list(usage_keys(usage_space(conversation_key)))
+        conversations, total, counted, verdict = await ConversationStore._guard(
+            self._script(keys=keys, args=[op, conversation_key, first, second])
         )
-        usage = Usage(int(conversations), int(total), bool(counted), time.monotonic())
-        if len(self._last) >= self._REMEMBERED and space not in self._last:
-            self._last.clear()  # spaces are bounded by agents; a flood of them just starts over
-        self._last[space] = usage
-        return usage
+        return Usage(int(conversations), int(total), bool(counted), int(verdict))
 
 
 class ValkeyLike(Protocol):

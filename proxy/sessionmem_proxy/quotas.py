@@ -8,11 +8,12 @@ defaults apply to every agent.
 What is exact and what is approximate (docs/quotas.md):
 
 - Storage is counted per space by ``store.UsageLedger``: an agent's private conversations (perUser buckets
-  included), or a registry's shared ones (checked against the writing agent's limits). A write is refused
-  only when the space is already at a limit, never because of the write's own size, so a space ends at
-  most one batch per concurrent writer over its byte quota; a conversation that already exists may always
-  be written when the conversation count is full. Expired conversations stop counting when their TTL
-  passes.
+  included), or a registry's shared ones (checked against the writing agent's limits). The conversation
+  count is exact: a write is admitted by one atomic reservation in Valkey, which counts a new conversation
+  at once. Bytes are accounted after the write, and a write is refused only when the space is already at
+  the byte limit (never because of its own size), so a space ends at most one batch per concurrent writer
+  over its byte quota. A conversation that already exists may always be written when the count is full.
+  Expired conversations stop counting when their TTL passes.
 - The rate is a token bucket per agent in each proxy worker process: with N workers (or replicas) an agent
   gets up to N times its rate in total. Every operation costs one token.
 """
@@ -32,8 +33,8 @@ import orjson
 from sessionmem_core import kube
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import QuotaExceeded, RateLimited
-from sessionmem_core.keys import Owner, usage_space
-from sessionmem_core.store import Usage, UsageLedger
+from sessionmem_core.keys import Owner
+from sessionmem_core.store import UsageLedger
 
 # Operations that store something, and so are checked against the storage quota.
 WRITES = frozenset({"append", "replace"})
@@ -186,14 +187,8 @@ class Quotas:
 
     async def _check_storage(self, limits: QuotaLimits, key: str) -> None:
         assert self._ledger is not None
-        usage = self._ledger.recent(usage_space(key))
-        if usage is None or _at_limit(usage, limits):
-            usage = await self._ledger.peek(key)  # a limit is never enforced on a remembered figure
-        if usage.bytes >= limits.max_bytes:
+        usage = await self._ledger.reserve(key, limits.max_conversations, limits.max_bytes)
+        if usage.verdict == 2:
             raise QuotaExceeded(f"stored bytes are at the quota of {limits.max_bytes}")
-        if usage.conversations >= limits.max_conversations and not usage.counted:
+        if usage.verdict == 1:
             raise QuotaExceeded(f"stored conversations are at the quota of {limits.max_conversations}")
-
-
-def _at_limit(usage: Usage, limits: QuotaLimits) -> bool:
-    return usage.bytes >= limits.max_bytes or usage.conversations >= limits.max_conversations
