@@ -12,7 +12,7 @@ import pytest
 import valkey
 
 from sessionmem_core.errors import BackendUnavailable
-from sessionmem_core.store import RETRY_WINDOW_ENTRIES, ConversationStore, NewEntry
+from sessionmem_core.store import RETRY_WINDOW_BYTES, RETRY_WINDOW_ENTRIES, ConversationStore, NewEntry
 from sessionmem_core.valkey_client import connect
 from tests.support.valkey import ValkeyProcess
 
@@ -90,6 +90,21 @@ async def test_retries_are_recognised_within_the_window_and_only_there(
     past = await store.append(KEY, [user("old")], AUTHOR, cap=cap, ttl_seconds=60)
     assert past.stored == 1  # now RETRY_WINDOW_ENTRIES + 1 entries back: outside the documented window
     assert stored_ids(valkey_server).count("old") == 2
+
+
+async def test_the_window_also_stops_at_its_byte_budget(store: ConversationStore) -> None:
+    """Behind a few very large entries the check stops reading once RETRY_WINDOW_BYTES are read: what an
+    append copies stays bounded however large the tenant's entries are."""
+    big = "x" * (RETRY_WINDOW_BYTES // 3)
+    await store.append(KEY, [user("small-behind")], AUTHOR, cap=100, ttl_seconds=60)
+    await store.append(KEY, [user(None, "y" * 600) for _ in range(4)], AUTHOR, cap=100, ttl_seconds=60)
+    assert (await store.append(KEY, [user("small-behind")], AUTHOR, cap=100, ttl_seconds=60)).duplicate
+
+    other = "mem:team-a/agent:c2"
+    await store.append(other, [user("big-behind")], AUTHOR, cap=100, ttl_seconds=60)
+    for _ in range(4):
+        await store.append(other, [user(None, big)], AUTHOR, cap=100, ttl_seconds=60)
+    assert (await store.append(other, [user("big-behind")], AUTHOR, cap=100, ttl_seconds=60)).stored == 1
 
 
 async def test_the_cap_still_trims_and_the_version_still_moves(

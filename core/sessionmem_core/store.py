@@ -32,13 +32,15 @@ from sessionmem_core.keys import usage_keys, usage_space
 _LOG = logging.getLogger("sessionmem.store")
 
 # How far back an append looks for the ids of a retried batch: the newest RETRY_WINDOW_ENTRIES entries,
-# and no more than RETRY_WINDOW_BYTES of them (read from the tail in growing chunks, stopping as soon as
-# every client id is found). Both bound the work per append whatever the conversation's length; a retry
-# is recognised while its original is still inside that window (docs/lifecycle.md, "Retries").
+# read from the tail in chunks growing from 4 to RETRY_CHUNK_ENTRIES, stopping as soon as every client id
+# is found or RETRY_WINDOW_BYTES have been read. They bound the work per append whatever the
+# conversation's length (at most the window bytes plus one chunk of entries); a retry is recognised while
+# its original is inside that window (docs/lifecycle.md, "Retries").
 RETRY_WINDOW_ENTRIES = 2 * env.MAX_ENTRIES_PER_APPEND
 RETRY_WINDOW_BYTES = 2 * env.MAX_BODY_BYTES
+RETRY_CHUNK_ENTRIES = 16
 
-# Append: KEYS[1] the conversation; ARGV = cap, ttl, window entries, window bytes, then (id, client?, rest)
+# Append: KEYS[1] the conversation; ARGV = cap, ttl, window entries, window bytes, chunk, then (id, client?, rest)
 # triples, client? '1' when the id came from the client (a minted id cannot be a retry). Each entry is
 # judged on its own: an id already stored in the window, or earlier in the same batch, is skipped; the
 # rest are stored. Answers {version, stored, length, duplicate ids, bytes added (net of what the cap
@@ -49,12 +51,13 @@ local cap = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local window = tonumber(ARGV[3])
 local window_bytes = tonumber(ARGV[4])
+local max_chunk = tonumber(ARGV[5])
 local tail = redis.call('LINDEX', key, -1)
 local v = 0
 if tail then v = tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) or 0 end
 local wanted = {}
 local missing = 0
-for i = 5, #ARGV, 3 do
+for i = 6, #ARGV, 3 do
   if ARGV[i + 1] == '1' and not wanted[ARGV[i]] then
     wanted[ARGV[i]] = true
     missing = missing + 1
@@ -63,7 +66,7 @@ end
 local stored_before = {}
 if tail and missing > 0 then
   local limit = math.min(window, redis.call('LLEN', key))
-  local from, chunk, seen_bytes = 1, 8, 0
+  local from, chunk, seen_bytes = 1, 4, 0
   while from <= limit and missing > 0 and seen_bytes <= window_bytes do
     local to = math.min(from + chunk - 1, limit)
     local part = redis.call('LRANGE', key, -to, -from)
@@ -77,12 +80,12 @@ if tail and missing > 0 then
       end
     end
     from = to + 1
-    chunk = chunk * 2
+    chunk = math.min(chunk * 2, max_chunk)
   end
 end
 local batch, duplicates, taken = {}, {}, {}
 local added = 0
-for i = 5, #ARGV, 3 do
+for i = 6, #ARGV, 3 do
   local id = ARGV[i]
   if stored_before[id] or taken[id] then
     duplicates[#duplicates + 1] = id
@@ -356,6 +359,7 @@ class ConversationStore:
             ttl_seconds,
             RETRY_WINDOW_ENTRIES,
             RETRY_WINDOW_BYTES,
+            RETRY_CHUNK_ENTRIES,
             *_entry_args(entries, author, _now_ms(), client_flags=True),
         ]
         version, stored, length, duplicates, added, created = await self._call(self._append, key, args)
