@@ -16,6 +16,8 @@ from sessionmem_core import env
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import RateLimited
 from sessionmem_core.keys import Owner, usage_keys
+from sessionmem_core.store import ConversationStore, UsageLedger
+from sessionmem_core.valkey_client import connect
 from sessionmem_proxy.app import create_app
 from sessionmem_proxy.identity import dev_token
 from sessionmem_proxy.quotas import DefaultLimits, QuotaLimits, Quotas
@@ -24,35 +26,35 @@ from tests.support.valkey import ValkeyProcess
 A = {"Authorization": f"Bearer {dev_token('team-a', 'greedy')}"}
 B = {"Authorization": f"Bearer {dev_token('team-b', 'polite')}"}
 
-Client = Callable[..., Any]
-
 
 def settings(server: ValkeyProcess, **quota: str) -> ProxySettings:
     return ProxySettings.from_env({env.VALKEY_URL: server.url, env.AUTH_MODE: "dev", **quota})
 
 
-@pytest.fixture
-def proxy(valkey_server: ValkeyProcess) -> Callable[..., Any]:
-    """Builds the proxy app with the given quota settings and yields an httpx client to it."""
-
-    def make(**quota: str) -> httpx.AsyncClient:
-        app = create_app(settings(valkey_server, **quota))
-        return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy")
-
-    return make
-
-
-@pytest.fixture
-async def client_for(proxy: Callable[..., httpx.AsyncClient]) -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
+@pytest.fixture(params=["one-script", "cluster-style"])
+async def client_for(
+    request: pytest.FixtureRequest, valkey_server: ValkeyProcess
+) -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
+    """Builds the proxy app with the given quota settings; returns an httpx client to it. Each test runs
+    twice: with the accounting in the write's own script (standalone Valkey), and in separate calls before
+    and after the write (what a Valkey Cluster needs), both on the real server."""
     made: list[httpx.AsyncClient] = []
+    valkeys: list[Any] = []
 
     def make(**quota: str) -> httpx.AsyncClient:
-        made.append(proxy(**quota))
+        valkey = connect(valkey_server.url, 2.0)
+        valkeys.append(valkey)
+        ledger = UsageLedger(valkey)
+        ledger.atomic = request.param == "one-script"
+        app = create_app(settings(valkey_server, **quota), store=ConversationStore(valkey, ledger))
+        made.append(httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy"))
         return made[-1]
 
     yield make
     for client in made:
         await client.aclose()
+    for valkey in valkeys:
+        await valkey.aclose()
 
 
 def entry(content: str, message_id: str | None = None) -> dict[str, Any]:

@@ -9,11 +9,12 @@ What is exact and what is approximate (docs/quotas.md):
 
 - Storage is counted per space by ``store.UsageLedger``: an agent's private conversations (perUser buckets
   included), or a registry's shared ones (checked against the writing agent's limits). The conversation
-  count is exact: a write is admitted by one atomic reservation in Valkey, which counts a new conversation
-  at once. Bytes are accounted after the write, and a write is refused only when the space is already at
-  the byte limit (never because of its own size), so a space ends at most one batch per concurrent writer
-  over its byte quota. A conversation that already exists may always be written when the count is full.
-  Expired conversations stop counting when their TTL passes.
+  count is exact: on a standalone Valkey the check, the write and its accounting are one script; on a
+  Cluster a write is first admitted by one atomic reservation, which counts a new conversation at once.
+  A write is refused only when the space is already at the byte limit (never because of its own size),
+  so on a Cluster a space ends at most one batch per concurrent writer over its byte quota. A
+  conversation that already exists may always be written when the count is full. Expired conversations
+  stop counting when their TTL passes.
 - The rate is a token bucket per agent in each proxy worker process: with N workers (or replicas) an agent
   gets up to N times its rate in total. Every operation costs one token.
 """
@@ -32,9 +33,9 @@ import orjson
 
 from sessionmem_core import kube
 from sessionmem_core.env import ProxySettings
-from sessionmem_core.errors import QuotaExceeded, RateLimited
+from sessionmem_core.errors import RateLimited
 from sessionmem_core.keys import Owner
-from sessionmem_core.store import UsageLedger
+from sessionmem_core.store import WRITE_LIMITS, StorageLimits, UsageLedger, refusal
 
 # Operations that store something, and so are checked against the storage quota.
 WRITES = frozenset({"append", "replace"})
@@ -186,9 +187,12 @@ class Quotas:
         bucket.tokens -= 1.0
 
     async def _check_storage(self, limits: QuotaLimits, key: str) -> None:
-        assert self._ledger is not None
-        usage = await self._ledger.reserve(key, limits.max_conversations, limits.max_bytes)
-        if usage.verdict == 2:
-            raise QuotaExceeded(f"stored bytes are at the quota of {limits.max_bytes}")
-        if usage.verdict == 1:
-            raise QuotaExceeded(f"stored conversations are at the quota of {limits.max_conversations}")
+        ledger = self._ledger
+        assert ledger is not None
+        if ledger.atomic:
+            # The store checks, writes and accounts in one script: hand it the limits.
+            WRITE_LIMITS.set(StorageLimits(key, limits.max_conversations, limits.max_bytes))
+            return
+        usage = await ledger.reserve(key, limits.max_conversations, limits.max_bytes)
+        if usage.verdict:
+            raise refusal(usage.verdict, limits.max_conversations, limits.max_bytes)
