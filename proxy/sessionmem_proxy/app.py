@@ -65,7 +65,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         401: "Missing, invalid or expired token",
         403: "Token is not an agent identity",
         413: "Body over 1 MiB",
+        429: "Over the agent's request rate (Retry-After says when to retry)",
         503: "Backend or identity service unavailable",
+        507: "The agent's stored conversations or bytes are at its quota",
     }.items()
 }
 
