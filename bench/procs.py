@@ -318,6 +318,9 @@ def proxy(valkey_url: str, workers: int) -> HttpService:
         "SESSIONMEM_VALKEY_URL": valkey_url,
         "SESSIONMEM_PROXY_HOST": "127.0.0.1",
         "SESSIONMEM_PROXY_PORT": str(port),
+        # One dev agent drives the throughput runs, far past a tenant's default rate (200/s per worker).
+        "SESSIONMEM_QUOTA_REQUESTS_PER_SECOND": "1000000",
+        "SESSIONMEM_QUOTA_BURST": "1000000",
     }
     return HttpService(
         f"proxy-w{workers}", [sys.executable, "-m", "sessionmem_proxy", "--workers", str(workers)], env, port

@@ -41,6 +41,9 @@ def proxy_process(valkey_server: ValkeyProcess) -> Iterator[ServiceProcess]:
             env.AUTH_MODE: "dev",
             env.PROXY_HOST: "127.0.0.1",
             env.PROXY_PORT: str(port),
+            # Functional tests drive one agent far past a tenant's default rate; tests/test_quotas.py covers it.
+            env.QUOTA_REQUESTS_PER_SECOND: "1000000",
+            env.QUOTA_BURST: "1000000",
         },
         port,
     )

@@ -33,7 +33,7 @@ from valkey.exceptions import AuthenticationError, NoPermissionError, ResponseEr
 
 from sessionmem_core import api, env, kube
 from sessionmem_core.env import ProxySettings
-from sessionmem_core.store import ConversationStore, NewEntry
+from sessionmem_core.store import ConversationStore, NewEntry, UsageLedger
 from sessionmem_core.valkey_client import cluster_seeds, connect
 from sessionmem_operator.config import OperatorConfig
 from tests.support.valkey import valkey_server_binary
@@ -966,7 +966,7 @@ async def test_valkey_acl_lets_the_store_work_and_nothing_else(chart_valkey: tup
 
     # Every operation of the store works as the proxy's user (keys the proxy builds: mem:...).
     client = connect(f"valkey://{user}:{password}@127.0.0.1:{server.port}/0", 2.0)
-    store = ConversationStore(client)
+    store = ConversationStore(client, UsageLedger(client))  # with the per-agent accounting the proxy keeps
     key = "mem:team/agent:c1"
     try:
         exercised = {"append", "read", "read_with_summary", "info", "scan", "read_all", "replace", "delete", "ping"}
@@ -986,6 +986,7 @@ async def test_valkey_acl_lets_the_store_work_and_nothing_else(chart_valkey: tup
         replaced = await store.replace(key, [NewEntry("user", "seed")], "team/agent", 1, cap=10, ttl_seconds=60)
         assert replaced.version == 2
         assert await store.delete(key) == 1
+        assert store.ledger is not None and (await store.ledger.peek(key)).conversations == 0
     finally:
         await client.aclose()
 

@@ -190,7 +190,7 @@ async def test_ids_that_need_percent_encoding_reach_their_own_key(
         assert [e.content for e in history.entries] == ["hello", "hi"]
         assert [m.content for m in (await memory.search(conversation_id, "hello")).matches] == ["hello"]
     assert [e["content"] for e in stored(valkey_server, conversation_id)] == ["hello", "hi"]
-    assert valkey_server.client().keys("*") == [session_key(OWNER, conversation_id).encode()]
+    assert valkey_server.conversation_keys() == [session_key(OWNER, conversation_id).encode()]
 
 
 @pytest.mark.parametrize("conversation_id", ["a?b", "a#b", "x%2Fy", "caf\u00e9"])

@@ -68,7 +68,7 @@ def test_users_on_the_same_conversation_see_disjoint_histories(
     assert seen == {"alice": ["I am alice"], "bob": ["I am bob"]}
     assert plain == []
     assert refused == {"forged": 401, "expired": 401, "foreign": 403}
-    keys = [k.decode() for k in valkey_server.client().keys("*")]
+    keys = [k.decode() for k in valkey_server.conversation_keys()]
     assert len(keys) == 2 and all(":u:" in k for k in keys)
     assert not any("alice" in k or "bob" in k for k in keys), "user ids never become part of a key"
 
@@ -156,5 +156,5 @@ async def test_through_the_launcher_user_headers_set_by_the_agent_change_nothing
     assert missing.status_code == 401 and missing.json()["error"]["type"] == "user_capability_required"
     assert as_alice.status_code == 200
     assert [e["content"] for e in alice_view.json()["entries"]] == ["hello"]
-    keys = [k.decode() for k in valkey_server.client().keys("*")]
+    keys = [k.decode() for k in valkey_server.conversation_keys()]
     assert len(keys) == 1 and ":u:" in keys[0] and "mallory" not in keys[0]

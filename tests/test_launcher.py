@@ -92,7 +92,7 @@ async def test_managed_loop_replays_and_appends(launcher: Launcher, valkey_serve
         ("user", "What is my name?"),
         ("assistant", "Your name is Ada."),
     ]
-    assert len(valkey_server.client().keys("mem:*")) == 1, "a turn without X-Conversation-Id stores nothing"
+    assert len(valkey_server.conversation_keys()) == 1, "a turn without X-Conversation-Id stores nothing"
 
 
 async def test_valkey_stopped_gives_typed_503_fast_and_the_loop_still_answers(

@@ -199,7 +199,7 @@ def test_erasing_a_user_leaves_other_users_intact_and_says_what_it_removed(
     assert again == {"conversations": [], "entries": 0}
     assert len(bob["entries"]) == 2 and len(plain["entries"]) == 2
     assert no_capability.status_code == 400
-    assert len(valkey_server.client().keys("*")) == 2
+    assert len(valkey_server.conversation_keys()) == 2
 
 
 async def test_list_info_export_and_clear(proxy_process: ServiceProcess, valkey_server: ValkeyProcess) -> None:
@@ -231,4 +231,4 @@ async def test_list_info_export_and_clear(proxy_process: ServiceProcess, valkey_
     assert [e["content"] for e in exported["entries"]] == ["hello"]
     assert refused.status_code == 400
     assert cleared == {"conversations": 120, "entries": 120}
-    assert [k.decode() for k in valkey_server.client().keys("*")] == ["mem:team-a/other-agent:not-mine"]
+    assert [k.decode() for k in valkey_server.conversation_keys()] == ["mem:team-a/other-agent:not-mine"]

@@ -83,8 +83,22 @@ async def test_a_retried_append_is_stored_once(proxy_process: ServiceProcess, va
         await client.post("/v1/conversations/retry/entries", json=exchange("t2"))
         again = await client.post("/v1/conversations/retry/entries", json=exchange("t1"))
         history = (await client.get("/v1/conversations/retry/entries")).json()
-    assert first.json() == {"version": 1, "stored": 2, "duplicate": False, "scope": "session", "length": 2}
-    assert again.json() == {"version": 2, "stored": 0, "duplicate": True, "scope": "session", "length": 4}
+    assert first.json() == {
+        "version": 1,
+        "stored": 2,
+        "duplicate": False,
+        "scope": "session",
+        "length": 2,
+        "duplicateIds": [],
+    }
+    assert again.json() == {
+        "version": 2,
+        "stored": 0,
+        "duplicate": True,
+        "scope": "session",
+        "length": 4,
+        "duplicateIds": ["t1-u", "t1-a"],
+    }
     assert [e["id"] for e in history["entries"]] == ["t1-u", "t1-a", "t2-u", "t2-a"]
     assert history["version"] == 2
 

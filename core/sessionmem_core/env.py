@@ -254,6 +254,10 @@ class ProxySettings:
     kube_token_file: str | None
     membership_cache_seconds: float
     redact_patterns: str | None
+    quota_conversations: int = DEFAULT_QUOTA_CONVERSATIONS
+    quota_bytes: int = DEFAULT_QUOTA_BYTES
+    quota_requests_per_second: float = float(DEFAULT_QUOTA_REQUESTS_PER_SECOND)
+    quota_burst: int = DEFAULT_QUOTA_BURST
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProxySettings:
@@ -279,4 +283,8 @@ class ProxySettings:
             kube_token_file=env.get(KUBE_TOKEN_FILE) or None,
             membership_cache_seconds=_float(env, MEMBERSHIP_CACHE_SECONDS, 10.0),
             redact_patterns=env.get(REDACT_PATTERNS) or None,
+            quota_conversations=_int(env, QUOTA_CONVERSATIONS, DEFAULT_QUOTA_CONVERSATIONS, 1, 1 << 40),
+            quota_bytes=_int(env, QUOTA_BYTES, DEFAULT_QUOTA_BYTES, 1, 1 << 50),
+            quota_requests_per_second=_float(env, QUOTA_REQUESTS_PER_SECOND, float(DEFAULT_QUOTA_REQUESTS_PER_SECOND)),
+            quota_burst=_int(env, QUOTA_BURST, DEFAULT_QUOTA_BURST, 1, 1 << 30),
         )

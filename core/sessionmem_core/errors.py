@@ -21,6 +21,10 @@ class SessionMemError(Exception):
     def body(self) -> bytes:
         return error_body(self.error_type, self.message)
 
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """Headers the answer carries besides the content type (Retry-After on a 429)."""
+        return []
+
 
 class InvalidRequest(SessionMemError):
     error_type = "invalid_request"
@@ -91,6 +95,27 @@ class Overloaded(SessionMemError):
 
     error_type = "overloaded"
     status = 503
+
+
+class RateLimited(SessionMemError):
+    """The agent sent more requests than its rate allows; ``retry_after`` seconds until it may again."""
+
+    error_type = "rate_limited"
+    status = 429
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = max(1, retry_after)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", b"%d" % self.retry_after)]
+
+
+class QuotaExceeded(SessionMemError):
+    """The agent's stored conversations or bytes are at its quota: nothing more is stored for it."""
+
+    error_type = "quota_exceeded"
+    status = 507
 
 
 class BackendUnavailable(SessionMemError):

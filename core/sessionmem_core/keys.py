@@ -7,6 +7,13 @@ always through this module, from a verified identity and a validated conversatio
 
 Conversation ids never contain ``:`` or ``/``, so the three layouts cannot collide: a session key has
 exactly two colons and one slash, a perUser key four colons and one slash, a shared key no slash.
+
+Per-agent storage accounting (the proxy's quotas) keeps two keys per space:
+``mem:usage:{<namespace>/<agent>}:expiry`` and ``mem:usage:{<namespace>/<agent>}:bytes``
+(``{shared:<registry>}`` for a registry's shared conversations); the braces are a real hash tag, so both share
+one Cluster slot. They cannot collide with a conversation key (``usage:{`` is no namespace, and a shared key
+starts ``mem:shared:``), no conversation listing (``mem:<namespace>/<agent>:*``) finds them, and they stay
+under the ``mem:*`` keys the chart's Valkey ACL lets the proxy touch.
 """
 
 from __future__ import annotations
@@ -70,15 +77,34 @@ def per_user_key(owner: Owner, bucket: str, conversation_id: str) -> str:
     return per_user_prefix(owner, bucket) + validate_conversation_id(conversation_id)
 
 
+USAGE_PREFIX = f"{KEY_PREFIX}usage:"
+_SHARED = "shared:"
+
+
+def usage_space(conversation_key: str) -> str:
+    """Whose storage a conversation key counts against: ``<namespace>/<agent>`` for session and perUser
+    keys (perUser buckets are the agent's), ``shared:<registry>`` for a registry's shared conversations."""
+    rest = conversation_key.removeprefix(KEY_PREFIX)
+    if rest.startswith(_SHARED):
+        return _SHARED + rest[len(_SHARED) :].split(":", 1)[0]
+    return rest.split(":", 1)[0]
+
+
+def usage_keys(space: str) -> tuple[str, str]:
+    """(conversation expiries, conversation sizes) of one space's accounting, in one Cluster slot."""
+    return f"{USAGE_PREFIX}{{{space}}}:expiry", f"{USAGE_PREFIX}{{{space}}}:bytes"
+
+
 _ID = r'(?!\.\.?$)[^/:"\\\s\x00-\x1f\x7f-\x9f]{1,128}'
 _LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
 _LAYOUTS = (
     re.compile(rf"^mem:(?P<namespace>{_LABEL})/(?P<agent>{_LABEL}):(?P<cid>{_ID})$"),
     re.compile(rf"^mem:shared:(?P<registry>{_LABEL}):(?P<cid>{_ID})$"),
     re.compile(rf"^mem:(?P<namespace>{_LABEL})/(?P<agent>{_LABEL}):u:(?P<bucket>[0-9a-f]{{32}}):(?P<cid>{_ID})$"),
+    re.compile(rf"^mem:usage:\{{(?:{_LABEL}/{_LABEL}|shared:{_LABEL})\}}:(?:expiry|bytes)$"),
 )
 
 
 def matches_layout(key: str) -> bool:
-    """True when ``key`` is one of the three layouts above (used to audit a Valkey keyspace)."""
+    """True when ``key`` is one of the three layouts above or a usage key (used to audit a Valkey keyspace)."""
     return any(layout.match(key) for layout in _LAYOUTS)

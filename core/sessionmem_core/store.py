@@ -11,78 +11,299 @@ Used by the proxy, and by a launcher configured to talk to Valkey directly (no p
 
 from __future__ import annotations
 
+import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
+from valkey.asyncio.cluster import ValkeyCluster
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
+from valkey.exceptions import OutOfMemoryError, ValkeyError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
-from valkey.exceptions import ValkeyError
 
+from sessionmem_core import env
 from sessionmem_core.api import SUMMARY_ID_PREFIX
-from sessionmem_core.errors import BackendUnavailable, VersionConflict
+from sessionmem_core.errors import BackendUnavailable, QuotaExceeded, SessionMemError, VersionConflict
 from sessionmem_core.ids import new_message_id
+from sessionmem_core.keys import usage_keys, usage_space
 
-# Append: KEYS[1] the conversation; ARGV = cap, ttl, the client's first message id ('' when the ids were
-# minted here, so no retry is possible), then (id, rest-of-entry) pairs. A batch whose first id is already
-# stored is a retry: nothing is written and the current version is returned.
-_APPEND = """
-local key = KEYS[1]
-local cap = tonumber(ARGV[1])
-local ttl = tonumber(ARGV[2])
-local tail = redis.call('LINDEX', key, -1)
-local v = 0
-if tail then v = tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) or 0 end
-if ARGV[3] ~= '' and tail then
-  local probe = '{"id":"' .. ARGV[3] .. '",'
-  local plen = string.len(probe)
-  local stored = redis.call('LRANGE', key, 0, -1)
-  for i = #stored, 1, -1 do
-    if string.sub(stored[i], 1, plen) == probe then
-      return {v, 0, redis.call('LLEN', key)}
+_LOG = logging.getLogger("sessionmem.store")
+
+# How far back an append looks for the ids of a retried batch: the newest RETRY_WINDOW_ENTRIES entries,
+# read from the tail in chunks growing from 4 to RETRY_CHUNK_ENTRIES, stopping as soon as every client id
+# is found or RETRY_WINDOW_BYTES have been read. They bound the work per append whatever the
+# conversation's length (at most the window bytes plus one chunk of entries); a retry is recognised while
+# its original is inside that window (docs/lifecycle.md, "Retries").
+RETRY_WINDOW_ENTRIES = 2 * env.MAX_ENTRIES_PER_APPEND
+RETRY_WINDOW_BYTES = 2 * env.MAX_BODY_BYTES
+RETRY_CHUNK_ENTRIES = 16
+
+# The conversation scripts are Lua functions, so the same code runs alone (one key: any deployment) or
+# together with the storage accounting in one script (standalone Valkey, where a script may touch keys of
+# any slot): see ``ConversationStore``.
+
+# append(key, cap, ttl, window entries, window bytes, chunk, first): ARGV from ``first`` on holds
+# (id, client?, rest) triples, client? '1' when the id came from the client (a minted id cannot be a
+# retry). Each entry is judged on its own: an id already stored in the retry window, or earlier in the
+# same batch, is skipped; the rest are stored. Answers {version, stored, length, duplicate ids, bytes
+# added (net of what the cap trimmed), 1 when the conversation was new}.
+_APPEND_FUNCTION = """
+local function append(key, cap, ttl, window, window_bytes, max_chunk, first)
+  local tail = redis.call('LINDEX', key, -1)
+  local v = 0
+  if tail then v = tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) or 0 end
+  local wanted = {}
+  local missing = 0
+  for i = first, #ARGV, 3 do
+    if ARGV[i + 1] == '1' and not wanted[ARGV[i]] then
+      wanted[ARGV[i]] = true
+      missing = missing + 1
     end
   end
+  local stored_before = {}
+  if tail and missing > 0 then
+    local limit = math.min(window, redis.call('LLEN', key))
+    local from, chunk, seen_bytes = 1, 4, 0
+    while from <= limit and missing > 0 and seen_bytes <= window_bytes do
+      local to = math.min(from + chunk - 1, limit)
+      local part = redis.call('LRANGE', key, -to, -from)
+      for j = #part, 1, -1 do
+        seen_bytes = seen_bytes + #part[j]
+        local id = string.match(part[j], '^{"id":"([^"]*)"')
+        if id and wanted[id] then
+          wanted[id] = nil
+          stored_before[id] = true
+          missing = missing - 1
+        end
+      end
+      from = to + 1
+      chunk = math.min(chunk * 2, max_chunk)
+    end
+  end
+  local batch, duplicates, taken = {}, {}, {}
+  local added = 0
+  for i = first, #ARGV, 3 do
+    local id = ARGV[i]
+    if stored_before[id] or taken[id] then
+      duplicates[#duplicates + 1] = id
+    else
+      taken[id] = true
+      batch[#batch + 1] = '{"id":"' .. id .. '","v":' .. (v + 1) .. ARGV[i + 2]
+      added = added + #batch[#batch]
+    end
+  end
+  if #batch == 0 then
+    return {v, 0, redis.call('LLEN', key), duplicates, 0, 0}
+  end
+  v = v + 1
+  local length = redis.call('RPUSH', key, unpack(batch))
+  if length > cap then
+    for _, gone in ipairs(redis.call('LRANGE', key, 0, length - cap - 1)) do
+      added = added - #gone
+    end
+    redis.call('LTRIM', key, -cap, -1)
+    length = cap
+  end
+  redis.call('EXPIRE', key, ttl)
+  return {v, #batch, length, duplicates, added, tail and 0 or 1}
 end
-v = v + 1
-local batch = {}
-for i = 4, #ARGV, 2 do
-  batch[#batch + 1] = '{"id":"' .. ARGV[i] .. '","v":' .. v .. ARGV[i + 1]
-end
-redis.call('RPUSH', key, unpack(batch))
-redis.call('LTRIM', key, -cap, -1)
-redis.call('EXPIRE', key, ttl)
-return {v, #batch, redis.call('LLEN', key)}
 """
 
-# Replace (seed): ARGV = expected version ('*' for any), cap, ttl, then (id, rest) pairs.
-_REPLACE = """
-local key = KEYS[1]
-local tail = redis.call('LINDEX', key, -1)
-local v = 0
-if tail then v = tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) or 0 end
-if ARGV[1] ~= '*' and tonumber(ARGV[1]) ~= v then
-  return {-1, v}
+# replace(key, expected version or '*', cap, ttl, first): ARGV from ``first`` on holds (id, rest) pairs.
+# Answers {version, stored, bytes stored}, or {-1, current version, 0} when the version does not match.
+_REPLACE_FUNCTION = """
+local function replace(key, expected, cap, ttl, first)
+  local tail = redis.call('LINDEX', key, -1)
+  local v = 0
+  if tail then v = tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) or 0 end
+  if expected ~= '*' and tonumber(expected) ~= v then
+    return {-1, v, 0}
+  end
+  v = v + 1
+  local batch = {}
+  for i = first, #ARGV, 2 do
+    batch[#batch + 1] = '{"id":"' .. ARGV[i] .. '","v":' .. v .. ARGV[i + 1]
+  end
+  redis.call('DEL', key)
+  redis.call('RPUSH', key, unpack(batch))
+  redis.call('LTRIM', key, -cap, -1)
+  redis.call('EXPIRE', key, ttl)
+  local kept = math.min(#batch, cap)
+  local size = 0
+  for i = #batch - kept + 1, #batch do size = size + #batch[i] end
+  return {v, kept, size}
 end
-v = v + 1
-local batch = {}
-for i = 4, #ARGV, 2 do
-  batch[#batch + 1] = '{"id":"' .. ARGV[i] .. '","v":' .. v .. ARGV[i + 1]
-end
-redis.call('DEL', key)
-redis.call('RPUSH', key, unpack(batch))
-redis.call('LTRIM', key, -tonumber(ARGV[2]), -1)
-redis.call('EXPIRE', key, tonumber(ARGV[3]))
-return {v, math.min(#batch, tonumber(ARGV[2]))}
 """
+
+# Per-space storage accounting on two keys, one hash tag (one Cluster slot): expiries, a sorted set of
+# conversation key -> expiry in ms, and sizes, a hash of conversation key -> bytes plus the space's total
+# under 'total'. Conversations past their expiry are dropped first (a bounded number per call), so TTL
+# expiry frees quota without any sweeper; the two keys expire with the last conversation they count.
+# - usage_reserve admits a write: verdict 2 when the space's bytes are at the limit, 1 when the
+#   conversation is not counted yet and the count is at the limit; otherwise a new conversation is counted
+#   at once (provisionally for 60 s, until its write sets its real expiry; a write that fails leaves it
+#   counted that long), so concurrent writers cannot all pass a check made before any of them is counted;
+# - usage_apply accounts a write ('add' bytes, 'set' the conversation's size) or a delete ('forget');
+# - usage_settle expires the keys with their last conversation and answers {conversations, bytes}.
+_USAGE_FUNCTIONS = """
+local function usage_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function usage_prune(expiries, sizes, now)
+  local gone = redis.call('ZRANGEBYSCORE', expiries, '-inf', now, 'LIMIT', 0, 64)
+  for _, f in ipairs(gone) do
+    redis.call('HINCRBY', sizes, 'total', -tonumber(redis.call('HGET', sizes, f) or '0'))
+    redis.call('HDEL', sizes, f)
+    redis.call('ZREM', expiries, f)
+  end
+end
+local function usage_reserve(expiries, sizes, field, now, max_conversations, max_bytes)
+  if tonumber(redis.call('HGET', sizes, 'total') or '0') >= max_bytes then return 2 end
+  if not redis.call('ZSCORE', expiries, field) then
+    if redis.call('ZCARD', expiries) >= max_conversations then return 1 end
+    redis.call('ZADD', expiries, now + 60000, field)
+  end
+  return 0
+end
+local function usage_apply(expiries, sizes, field, op, amount, ttl, now)
+  local old = tonumber(redis.call('HGET', sizes, field) or '0')
+  if op == 'forget' then
+    redis.call('HDEL', sizes, field)
+    redis.call('HINCRBY', sizes, 'total', -old)
+    redis.call('ZREM', expiries, field)
+    return
+  end
+  local new = amount
+  if op == 'add' then new = old + amount end
+  if new < 0 then new = 0 end
+  redis.call('HSET', sizes, field, new)
+  redis.call('HINCRBY', sizes, 'total', new - old)
+  redis.call('ZADD', expiries, now + ttl * 1000, field)
+end
+local function usage_settle(expiries, sizes)
+  local count = redis.call('ZCARD', expiries)
+  if count == 0 then
+    redis.call('DEL', expiries, sizes)
+    return {0, 0}
+  end
+  local last = redis.call('ZRANGE', expiries, -1, -1, 'WITHSCORES')
+  local at = math.floor(tonumber(last[2])) + 1000
+  redis.call('PEXPIREAT', expiries, at)
+  redis.call('PEXPIREAT', sizes, at)
+  return {count, tonumber(redis.call('HGET', sizes, 'total') or '0')}
+end
+"""
+
+# Append alone: KEYS = the conversation; ARGV = cap, ttl, window entries, window bytes, chunk, triples.
+_APPEND = (
+    _APPEND_FUNCTION
+    + """
+return append(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]),
+  tonumber(ARGV[5]), 6)
+"""
+)
+
+# Append with its accounting, one atomic step: KEYS = the conversation, expiries, sizes; ARGV = max
+# conversations, max bytes, then as for _APPEND. Answers as append, plus the verdict (0: admitted; 1 or
+# 2: refused, nothing written).
+_APPEND_COUNTED = (
+    _USAGE_FUNCTIONS
+    + _APPEND_FUNCTION
+    + """
+local now = usage_now()
+usage_prune(KEYS[2], KEYS[3], now)
+local verdict = usage_reserve(KEYS[2], KEYS[3], KEYS[1], now, tonumber(ARGV[1]), tonumber(ARGV[2]))
+if verdict ~= 0 then
+  usage_settle(KEYS[2], KEYS[3])
+  return {0, 0, 0, {}, 0, 0, verdict}
+end
+local ttl = tonumber(ARGV[4])
+local r = append(KEYS[1], tonumber(ARGV[3]), ttl, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), 8)
+if r[2] > 0 then
+  usage_apply(KEYS[2], KEYS[3], KEYS[1], r[6] == 1 and 'set' or 'add', r[5], ttl, now)
+end
+usage_settle(KEYS[2], KEYS[3])
+r[7] = 0
+return r
+"""
+)
+
+# Replace (seed) alone: ARGV = expected version ('*' for any), cap, ttl, then (id, rest) pairs.
+_REPLACE = (
+    _REPLACE_FUNCTION
+    + """
+return replace(KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), 4)
+"""
+)
+
+# Replace with its accounting: KEYS = the conversation, expiries, sizes; ARGV = max conversations, max
+# bytes, then as for _REPLACE. Answers as replace, plus the verdict.
+_REPLACE_COUNTED = (
+    _USAGE_FUNCTIONS
+    + _REPLACE_FUNCTION
+    + """
+local now = usage_now()
+usage_prune(KEYS[2], KEYS[3], now)
+local verdict = usage_reserve(KEYS[2], KEYS[3], KEYS[1], now, tonumber(ARGV[1]), tonumber(ARGV[2]))
+if verdict ~= 0 then
+  usage_settle(KEYS[2], KEYS[3])
+  return {0, 0, 0, verdict}
+end
+local ttl = tonumber(ARGV[5])
+local r = replace(KEYS[1], ARGV[3], tonumber(ARGV[4]), ttl, 6)
+if r[1] >= 0 then usage_apply(KEYS[2], KEYS[3], KEYS[1], 'set', r[3], ttl, now) end
+usage_settle(KEYS[2], KEYS[3])
+r[4] = 0
+return r
+"""
+)
+
+# The accounting alone (a Cluster, where it cannot share a script with the conversation): KEYS =
+# expiries, sizes; ARGV = op ('reserve' max-conversations max-bytes | 'add' bytes ttl | 'set' bytes ttl |
+# 'forget' | 'peek'), the conversation key, two numbers. Answers {conversations, bytes, 1 when the
+# conversation was counted already, verdict}.
+_USAGE = (
+    _USAGE_FUNCTIONS
+    + """
+local now = usage_now()
+usage_prune(KEYS[1], KEYS[2], now)
+local op, field = ARGV[1], ARGV[2]
+local known = redis.call('ZSCORE', KEYS[1], field) and 1 or 0
+local verdict = 0
+if op == 'reserve' then
+  verdict = usage_reserve(KEYS[1], KEYS[2], field, now, tonumber(ARGV[3]), tonumber(ARGV[4]))
+elseif op ~= 'peek' then
+  usage_apply(KEYS[1], KEYS[2], field, op, tonumber(ARGV[3]), tonumber(ARGV[4]), now)
+end
+local totals = usage_settle(KEYS[1], KEYS[2])
+return {totals[1], totals[2], known, verdict}
+"""
+)
 
 _DELETE = """
 local n = redis.call('LLEN', KEYS[1])
 redis.call('DEL', KEYS[1])
 return n
 """
+
+# Delete with its accounting: KEYS = the conversation, expiries, sizes.
+_DELETE_COUNTED = (
+    _USAGE_FUNCTIONS
+    + """
+local n = redis.call('LLEN', KEYS[1])
+redis.call('DEL', KEYS[1])
+local now = usage_now()
+usage_prune(KEYS[2], KEYS[3], now)
+usage_apply(KEYS[2], KEYS[3], KEYS[1], 'forget', 0, 0, now)
+usage_settle(KEYS[2], KEYS[3])
+return n
+"""
+)
 
 # Info: length, newest entry (for the version), remaining TTL in ms.
 _INFO = """
@@ -122,9 +343,15 @@ class AppendResult:
     version: int
     stored: int
     length: int = 0
+    # Ids of the batch's entries that were not stored: already in the conversation, or repeated in the batch.
+    duplicate_ids: tuple[str, ...] = ()
+    # Bytes the conversation grew by (negative when the cap trimmed more than was added).
+    bytes_added: int = 0
+    created: bool = False
 
     @property
     def duplicate(self) -> bool:
+        """Nothing new was stored: the whole batch was a retry."""
         return self.stored == 0
 
 
@@ -139,6 +366,85 @@ class ReadResult:
         return b"[" + b",".join(self.raw_entries) + b"]"
 
 
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What one space (an agent's private conversations, or a registry's shared ones) holds."""
+
+    conversations: int
+    bytes: int
+    # Whether the conversation the call named was counted already.
+    counted: bool = False
+    # For a reservation: 0 admitted, 1 refused (conversation count at its limit), 2 refused (bytes).
+    verdict: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StorageLimits:
+    """The storage quota a write to ``key`` is admitted against (set by the proxy's quotas, per request)."""
+
+    key: str
+    max_conversations: int
+    max_bytes: int
+
+
+# The limits of the write the current request was admitted for. A context variable, because the write
+# happens in the request's own task, after the quota check and without passing through it.
+WRITE_LIMITS: ContextVar[StorageLimits | None] = ContextVar("sessionmem_write_limits", default=None)
+_UNLIMITED = 1 << 52  # exact as a Lua number
+
+
+class UsageLedger:
+    """Per-space storage accounting, kept next to the conversations (``keys.usage_keys``).
+
+    On a standalone Valkey (``atomic``) the store runs each write and its accounting as one script, so the
+    quota check, the write and the accounting are one atomic step and cost one call. On a Cluster the
+    conversation and its accounting are two slots and cannot share a script: a write is admitted by one
+    call (``reserve``) and accounted by another after it (``added``/``sized``/``forget``); a proxy that dies
+    between the two leaves the accounting short by that write (erring toward the tenant) until the
+    conversation's next write sets its size right again. Either way the work is O(1) in the conversation's
+    length and O(log n) in the space's conversations."""
+
+    def __init__(self, client: ValkeyLike) -> None:
+        self._script = client.register_script(_USAGE)
+        self.atomic = not isinstance(client, ValkeyCluster)
+
+    async def reserve(self, conversation_key: str, max_conversations: int, max_bytes: int) -> Usage:
+        return await self._run("reserve", conversation_key, max_conversations, max_bytes)
+
+    async def peek(self, conversation_key: str) -> Usage:
+        return await self._run("peek", conversation_key, 0, 0)
+
+    async def added(self, conversation_key: str, size: int, ttl_seconds: int) -> Usage:
+        return await self._run("add", conversation_key, size, ttl_seconds)
+
+    async def sized(self, conversation_key: str, size: int, ttl_seconds: int) -> Usage:
+        return await self._run("set", conversation_key, size, ttl_seconds)
+
+    async def forget(self, conversation_key: str) -> Usage:
+        return await self._run("forget", conversation_key, 0, 0)
+
+    async def _run(self, op: str, conversation_key: str, first: int, second: int) -> Usage:
+        keys = list(usage_keys(usage_space(conversation_key)))
+        conversations, total, counted, verdict = await ConversationStore._guard(
+            self._script(keys=keys, args=[op, conversation_key, first, second])
+        )
+        return Usage(int(conversations), int(total), bool(counted), int(verdict))
+
+
+def refusal(verdict: int, max_conversations: int, max_bytes: int) -> QuotaExceeded:
+    """The typed answer to a write the accounting refused (verdict 1: conversations, 2: bytes)."""
+    if verdict == 2:
+        return QuotaExceeded(f"stored bytes are at the quota of {max_bytes}")
+    return QuotaExceeded(f"stored conversations are at the quota of {max_conversations}")
+
+
+def _write_limits(key: str) -> tuple[int, int]:
+    limits = WRITE_LIMITS.get()
+    if limits is None or limits.key != key:
+        return _UNLIMITED, _UNLIMITED  # accounted all the same, checked by nothing
+    return limits.max_conversations, limits.max_bytes
+
+
 class ValkeyLike(Protocol):
     """What the store needs of a client: satisfied by valkey-py's standalone and cluster clients."""
 
@@ -151,12 +457,15 @@ class ValkeyLike(Protocol):
     def scan(self, cursor: int = 0, match: str | None = None, count: int | None = None) -> Any: ...
 
 
-def _entry_args(entries: Sequence[NewEntry], author: str, now_ms: int) -> list[str]:
+def _entry_args(entries: Sequence[NewEntry], author: str, now_ms: int, client_flags: bool = False) -> list[str]:
+    """(id, rest-of-entry) pairs; with ``client_flags``, (id, '1' if the client chose it else '0', rest)."""
     args: list[str] = []
     for entry in entries:
         rest = orjson.dumps({"role": entry.role, "content": entry.content, "author": author, "ts": now_ms})
         # The id was validated (no quotes, no control characters), so it is safe inside a JSON string.
         args.append(entry.id or new_message_id())
+        if client_flags:
+            args.append("1" if entry.id else "0")
         args.append("," + rest[1:].decode())
     return args
 
@@ -164,21 +473,54 @@ def _entry_args(entries: Sequence[NewEntry], author: str, now_ms: int) -> list[s
 class ConversationStore:
     """Atomic operations on one conversation key; backend failures surface as BackendUnavailable."""
 
-    def __init__(self, client: ValkeyLike) -> None:
+    def __init__(self, client: ValkeyLike, ledger: UsageLedger | None = None) -> None:
         self._client = client
+        self.ledger = ledger
         self._append = client.register_script(_APPEND)
         self._replace = client.register_script(_REPLACE)
         self._delete = client.register_script(_DELETE)
         self._info = client.register_script(_INFO)
         self._read_with_summary = client.register_script(_READ_WITH_SUMMARY)
+        self._counted = ledger is not None and ledger.atomic
+        if self._counted:
+            self._append_counted = client.register_script(_APPEND_COUNTED)
+            self._replace_counted = client.register_script(_REPLACE_COUNTED)
+            self._delete_counted = client.register_script(_DELETE_COUNTED)
 
     async def append(
         self, key: str, entries: Sequence[NewEntry], author: str, cap: int, ttl_seconds: int
     ) -> AppendResult:
-        probe = entries[0].id or ""
-        args = [cap, ttl_seconds, probe, *_entry_args(entries, author, _now_ms())]
-        version, stored, length = await self._call(self._append, key, args)
-        return AppendResult(version=int(version), stored=int(stored), length=int(length))
+        args: list[Any] = [
+            cap,
+            ttl_seconds,
+            RETRY_WINDOW_ENTRIES,
+            RETRY_WINDOW_BYTES,
+            RETRY_CHUNK_ENTRIES,
+            *_entry_args(entries, author, _now_ms(), client_flags=True),
+        ]
+        if self._counted:
+            max_conversations, max_bytes = _write_limits(key)
+            reply = await self._guard(
+                self._append_counted(keys=[key, *_usage_keys_of(key)], args=[max_conversations, max_bytes, *args])
+            )
+            if int(reply[6]):
+                raise refusal(int(reply[6]), max_conversations, max_bytes)
+            version, stored, length, duplicates, added, created = reply[:6]
+        else:
+            version, stored, length, duplicates, added, created = await self._call(self._append, key, args)
+            if self.ledger is not None and int(stored):
+                size, ledger = int(added), self.ledger
+                await self._account(
+                    ledger.sized(key, size, ttl_seconds) if created else ledger.added(key, size, ttl_seconds)
+                )
+        return AppendResult(
+            version=int(version),
+            stored=int(stored),
+            length=int(length),
+            duplicate_ids=tuple(d.decode() if isinstance(d, bytes) else str(d) for d in duplicates),
+            bytes_added=int(added),
+            created=bool(created),
+        )
 
     async def read(self, key: str, limit: int) -> ReadResult:
         if limit <= 0:
@@ -218,15 +560,40 @@ class ConversationStore:
         ttl_seconds: int,
     ) -> AppendResult:
         expected = "*" if expected_version is None else str(expected_version)
-        args = [expected, cap, ttl_seconds, *_entry_args(entries, author, _now_ms())]
-        version, stored = await self._call(self._replace, key, args)
+        args: list[Any] = [expected, cap, ttl_seconds, *_entry_args(entries, author, _now_ms())]
+        if self._counted:
+            max_conversations, max_bytes = _write_limits(key)
+            reply = await self._guard(
+                self._replace_counted(keys=[key, *_usage_keys_of(key)], args=[max_conversations, max_bytes, *args])
+            )
+            if int(reply[3]):
+                raise refusal(int(reply[3]), max_conversations, max_bytes)
+            version, stored, size = reply[:3]
+        else:
+            version, stored, size = await self._call(self._replace, key, args)
         if int(version) < 0:
             raise VersionConflict(f"conversation is at version {stored}, not {expected_version}")
+        if self.ledger is not None and not self._counted:
+            await self._account(self.ledger.sized(key, int(size), ttl_seconds))
         return AppendResult(version=int(version), stored=int(stored))
 
     async def delete(self, key: str) -> int:
+        if self._counted:
+            removed = await self._guard(self._delete_counted(keys=[key, *_usage_keys_of(key)], args=[]))
+            return int(removed)
         removed = await self._call(self._delete, key, [])
+        if self.ledger is not None:
+            await self._account(self.ledger.forget(key))
         return int(removed)
+
+    @staticmethod
+    async def _account(update: Awaitable[Usage]) -> None:
+        # The write itself succeeded: accounting that fails now is caught up by the conversation's next
+        # write (or its expiry), so it never turns a stored write into an error.
+        try:
+            await update
+        except (SessionMemError, ValkeyError) as exc:
+            _LOG.warning("storage accounting not updated: %s", exc)
 
     async def ping(self) -> None:
         await self._guard(self._client.ping())
@@ -243,6 +610,10 @@ class ConversationStore:
         except ValkeyError as exc:
             if "LOADING" in str(exc) or "MASTERDOWN" in str(exc) or "CLUSTERDOWN" in str(exc):
                 raise BackendUnavailable(f"memory backend not ready: {exc}") from exc
+            if isinstance(exc, OutOfMemoryError) or "command not allowed when used memory" in str(exc):
+                # maxmemory reached (noeviction): nothing can be written until memory is freed. The server
+                # is up but full, which the caller sees as the documented 503, never a 500.
+                raise BackendUnavailable("memory backend is full (maxmemory reached)") from exc
             raise
 
 
@@ -263,6 +634,10 @@ def search_entries(raw_entries: Sequence[bytes], query: str, limit: int) -> list
             scored.append((overlap, position, entry))
     scored.sort(key=lambda item: (item[0], item[1]), reverse=True)
     return [entry for _, _, entry in scored[:limit]]
+
+
+def _usage_keys_of(conversation_key: str) -> tuple[str, str]:
+    return usage_keys(usage_space(conversation_key))
 
 
 def _now_ms() -> int:

@@ -52,9 +52,14 @@ class AppendRequest(_Request):
 class AppendResponse(_Model):
     version: int = Field(description="Conversation version after the append: +1 per append, also past the cap.")
     stored: int = Field(description="Entries stored by this call (0 when it was a retry).")
-    duplicate: bool = Field(description="True when these message ids were already stored.")
+    duplicate: bool = Field(description="True when nothing new was stored: every message id was already stored.")
     scope: str
     length: int = Field(description="Entries the conversation holds after this append.")
+    duplicate_ids: list[str] = Field(
+        default_factory=list,
+        alias="duplicateIds",
+        description="Ids of entries not stored by this call: already stored (a retry), or repeated in the batch.",
+    )
 
 
 class Entry(_Model):

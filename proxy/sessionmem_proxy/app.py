@@ -21,7 +21,7 @@ from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import InvalidRequest, SessionMemError, error_body
 from sessionmem_core.ids import validate_conversation_id
 from sessionmem_core.keys import Scope
-from sessionmem_core.store import ConversationStore, search_entries
+from sessionmem_core.store import ConversationStore, UsageLedger, search_entries
 from sessionmem_core.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_core.valkey_client import connect
 from sessionmem_proxy.context import Ctx, ProxyContext, conversation_operation
@@ -51,6 +51,7 @@ from sessionmem_proxy.params import (
     TraceHeader,
     TtlQuery,
 )
+from sessionmem_proxy.quotas import DefaultLimits, KubeAgentLimits, LimitSource, QuotaLimits, Quotas
 from sessionmem_proxy.redaction import Redaction
 from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
 
@@ -65,7 +66,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         401: "Missing, invalid or expired token",
         403: "Token is not an agent identity",
         413: "Body over 1 MiB",
+        429: "Over the agent's request rate (Retry-After says when to retry)",
         503: "Backend or identity service unavailable",
+        507: "The agent's stored conversations or bytes are at its quota",
     }.items()
 }
 
@@ -86,7 +89,9 @@ def create_app(
     owned_client = None
     if store is None:
         owned_client = connect(settings.valkey_url, settings.valkey_timeout_seconds)
-        store = ConversationStore(owned_client)
+        store = ConversationStore(owned_client, UsageLedger(owned_client))
+    default_limits = QuotaLimits.defaults(settings)
+    limits: LimitSource = DefaultLimits(default_limits)
     kube_http = None
     if authenticator is None and settings.auth_mode == "dev":
         authenticator = DevAuthenticator()
@@ -95,6 +100,7 @@ def create_app(
         kube_http = api.client()
         authenticator = TokenReviewAuthenticator(kube_http, api, settings.audience)
         membership = membership or KubeRegistryMembership(kube_http, api.bearer, settings.membership_cache_seconds)
+        limits = KubeAgentLimits(kube_http, api.bearer, default_limits, settings.membership_cache_seconds)
     keyring = (
         Keyring.load(
             pathlib.Path(settings.capability_key_file),
@@ -112,6 +118,7 @@ def create_app(
         redaction=Redaction.from_json(settings.redact_patterns),
         tracer=MemoryTracer(tracer_provider or tracer_provider_from_env("sessionmem-proxy"), "proxy"),
         metrics=ProxyMetrics(),
+        quotas=Quotas(limits, store.ledger),
     )
 
     @asynccontextmanager
@@ -146,7 +153,9 @@ def create_app(
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SessionMemError)
     async def on_sessionmem_error(_: Request, exc: SessionMemError) -> Response:
-        return _json(exc.body(), exc.status)
+        response = _json(exc.body(), exc.status)
+        response.raw_headers.extend(exc.headers())
+        return response
 
     @app.exception_handler(Exception)
     async def on_unexpected(_: Request, exc: Exception) -> Response:
@@ -308,7 +317,7 @@ def _install_routes(app: FastAPI) -> None:
         ) as operation:
             result = await ctx.store.replace(
                 operation.key,
-                new_entries(ctx, body.entries, redact),
+                await new_entries(ctx, body.entries, redact),
                 author=operation.identity.owner.author,
                 expected_version=expected,
                 cap=cap,

@@ -19,6 +19,7 @@ from sessionmem_core.telemetry import MemorySpan, MemoryTracer
 from sessionmem_proxy.identity import AgentIdentity, Authenticator, bearer_token
 from sessionmem_proxy.keying import KeyResolver
 from sessionmem_proxy.metrics import ProxyMetrics
+from sessionmem_proxy.quotas import Quotas
 from sessionmem_proxy.redaction import Redaction
 
 
@@ -31,6 +32,7 @@ class ProxyContext:
     redaction: Redaction
     tracer: MemoryTracer
     metrics: ProxyMetrics
+    quotas: Quotas | None = None
 
 
 async def _context(request: Request) -> ProxyContext:
@@ -88,6 +90,8 @@ class conversation_operation:  # noqa: N801 - used like the function-style conte
             validate_conversation_id(conversation_id)
             identity = await identify(ctx, authorization)
             key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, capability)
+            if ctx.quotas is not None:
+                await ctx.quotas.admit(self._op, identity.owner, key)
         except BaseException as exc:
             await self.__aexit__(type(exc), exc, exc.__traceback__)
             raise

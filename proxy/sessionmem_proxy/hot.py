@@ -42,7 +42,7 @@ def memory_reply(body: bytes, scope: str, entries: int, version: int | None) -> 
 
 
 def error_reply(error: SessionMemError) -> Reply:
-    return Reply(error.status, JSON_HEADERS, error.body())
+    return Reply(error.status, [*JSON_HEADERS, *error.headers()], error.body())
 
 
 def internal_error_body(exc: Exception) -> bytes:
@@ -60,11 +60,12 @@ def memory_json(body: bytes, scope: str, entries: int, version: int | None) -> R
     return as_response(memory_reply(body, scope, entries, version))
 
 
-def new_entries(ctx: ProxyContext, entries: Sequence[wire.EntryIn], redact: str) -> list[NewEntry]:
+async def new_entries(ctx: ProxyContext, entries: Sequence[wire.EntryIn], redact: str) -> list[NewEntry]:
     redactor = ctx.redaction.chain(redact.split(",")) if redact else None
     if redactor is None:
         return [NewEntry(role=e.role.value, content=e.content, id=e.id) for e in entries]
-    return [NewEntry(role=e.role.value, content=redactor(e.content), id=e.id) for e in entries]
+    contents = await ctx.redaction.apply(redactor, [e.content for e in entries])
+    return [NewEntry(role=e.role.value, content=c, id=e.id) for e, c in zip(entries, contents, strict=True)]
 
 
 async def read_conversation(
@@ -119,7 +120,7 @@ async def append_conversation(
     ) as operation:
         result = await ctx.store.append(
             operation.key,
-            new_entries(ctx, entries, redact),
+            await new_entries(ctx, entries, redact),
             author=operation.identity.owner.author,
             cap=cap,
             ttl_seconds=ttl_seconds,
@@ -127,8 +128,15 @@ async def append_conversation(
         operation.span.entries, operation.span.version = result.stored, result.version
         duplicate = b"true" if result.duplicate else b"false"
         return memory_reply(
-            b'{"version":%d,"stored":%d,"duplicate":%s,"scope":"%s","length":%d}'
-            % (result.version, result.stored, duplicate, operation.scope.encode(), result.length),
+            b'{"version":%d,"stored":%d,"duplicate":%s,"scope":"%s","length":%d,"duplicateIds":%s}'
+            % (
+                result.version,
+                result.stored,
+                duplicate,
+                operation.scope.encode(),
+                result.length,
+                orjson.dumps(result.duplicate_ids),
+            ),
             operation.scope,
             result.stored,
             result.version,

@@ -21,6 +21,7 @@ from sessionmem_core.capability import mint_capability, new_key
 from sessionmem_core.keys import Owner, shared_key
 from tests.harness.apiserver import KubeTestCluster
 from tests.harness.fixtures import namespace_name_for
+from tests.support.kube_tokens import agent_pod_token
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess, free_port
 
@@ -38,9 +39,8 @@ class AuthWorld:
     capability_key: bytes
 
     def agent_token(self, namespace: str, agent: str, audience: str = AUDIENCE) -> str:
-        service_account = kube.agent_service_account(agent)
-        self.cluster.create_service_account(namespace, service_account)
-        return self.cluster.mint_service_account_token(namespace, service_account, audience)
+        # Bound to a pod, as the kubelet's projected token is: the proxy refuses tokens without a pod binding.
+        return agent_pod_token(self.cluster, namespace, kube.agent_service_account(agent), audience)
 
     def headers(self, token: str, **extra: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {token}", **extra}
@@ -174,8 +174,10 @@ def test_bad_tokens_are_401_and_non_agents_403(world: AuthWorld) -> None:
     now = int(time.time())
     expired = _resign(good, signing_key, iat=now - 1200, nbf=now - 1200, exp=now - 600)
     forged = _resign(good, rsa.generate_private_key(public_exponent=65537, key_size=2048))
-    world.cluster.create_service_account(world.ns_a, "build-bot")
-    not_an_agent = world.cluster.mint_service_account_token(world.ns_a, "build-bot", AUDIENCE)
+    not_an_agent = agent_pod_token(world.cluster, world.ns_a, "build-bot", AUDIENCE)
+    not_bound_to_a_pod = world.cluster.mint_service_account_token(
+        world.ns_a, kube.agent_service_account("agent-a"), AUDIENCE
+    )
     wrong_audience = world.agent_token(world.ns_a, "agent-a", audience="some-other-service")
     with httpx.Client(base_url=world.proxy.base_url, timeout=10) as client:
 
@@ -191,6 +193,7 @@ def test_bad_tokens_are_401_and_non_agents_403(world: AuthWorld) -> None:
         assert status(forged) == (401, "unauthenticated")
         assert status(wrong_audience) == (401, "unauthenticated")
         assert status(not_an_agent) == (403, "forbidden")
+        assert status(not_bound_to_a_pod) == (401, "unauthenticated")
 
 
 def test_tokenreview_unavailable_fails_closed_with_503(

@@ -1,0 +1,198 @@
+"""Per-agent quotas: stored conversations and bytes (507 when full), and a request rate (429).
+
+Limits are the chart's defaults (``SESSIONMEM_QUOTA_*``), overridden per agent by its AgentDeployment's
+``spec.sessionMemory.quota`` {maxConversations, maxBytes, requestsPerSecond}, read from the API server and
+cached briefly (the registry membership's cache period). In dev auth mode there is no API server: the
+defaults apply to every agent.
+
+What is exact and what is approximate (docs/quotas.md):
+
+- Storage is counted per space by ``store.UsageLedger``: an agent's private conversations (perUser buckets
+  included), or a registry's shared ones (checked against the writing agent's limits). The conversation
+  count is exact: on a standalone Valkey the check, the write and its accounting are one script; on a
+  Cluster a write is first admitted by one atomic reservation, which counts a new conversation at once.
+  A write is refused only when the space is already at the byte limit (never because of its own size),
+  so on a Cluster a space ends at most one batch per concurrent writer over its byte quota. A
+  conversation that already exists may always be written when the count is full. Expired conversations
+  stop counting when their TTL passes.
+- The rate is a token bucket per agent in each proxy worker process: with N workers (or replicas) an agent
+  gets up to N times its rate in total. Every operation costs one token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+import orjson
+
+from sessionmem_core import kube
+from sessionmem_core.env import ProxySettings
+from sessionmem_core.errors import RateLimited
+from sessionmem_core.keys import Owner
+from sessionmem_core.store import WRITE_LIMITS, StorageLimits, UsageLedger, refusal
+
+# Operations that store something, and so are checked against the storage quota.
+WRITES = frozenset({"append", "replace"})
+_REMEMBERED = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaLimits:
+    max_conversations: int
+    max_bytes: int
+    requests_per_second: float
+    burst: int
+
+    @classmethod
+    def defaults(cls, settings: ProxySettings) -> QuotaLimits:
+        return cls(
+            max_conversations=settings.quota_conversations,
+            max_bytes=settings.quota_bytes,
+            requests_per_second=settings.quota_requests_per_second,
+            burst=settings.quota_burst,
+        )
+
+    def overridden(self, quota: Any) -> QuotaLimits:
+        """These limits with an AgentDeployment's ``spec.sessionMemory.quota`` applied; a custom rate brings
+        a burst of twice that rate (the defaults' ratio), never less than one request."""
+        if not isinstance(quota, dict):
+            return self
+        rate = _positive(quota.get("requestsPerSecond"), self.requests_per_second)
+        return QuotaLimits(
+            max_conversations=int(_positive(quota.get("maxConversations"), self.max_conversations)),
+            max_bytes=int(_positive(quota.get("maxBytes"), self.max_bytes)),
+            requests_per_second=rate,
+            burst=self.burst if rate == self.requests_per_second else max(1, math.ceil(2 * rate)),
+        )
+
+
+def _positive(value: Any, default: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return default
+    return float(value)
+
+
+class LimitSource(Protocol):
+    async def limits_of(self, owner: Owner) -> QuotaLimits: ...
+
+
+class DefaultLimits:
+    """The same limits for every agent (dev auth mode, or a proxy told nothing else)."""
+
+    def __init__(self, limits: QuotaLimits) -> None:
+        self._limits = limits
+
+    async def limits_of(self, owner: Owner) -> QuotaLimits:
+        return self._limits
+
+
+class KubeAgentLimits:
+    """Limits from each agent's AgentDeployment, cached ``cache_seconds``; one API call per agent at a time.
+
+    An AgentDeployment that cannot be read (absent, no permission, API server down) means the defaults:
+    quotas protect the other tenants, and a missing override must not lock an agent out."""
+
+    def __init__(
+        self, http: httpx.AsyncClient, bearer: Callable[[], str], defaults: QuotaLimits, cache_seconds: float
+    ) -> None:
+        self._http = http
+        self._bearer = bearer
+        self._defaults = defaults
+        self._cache_seconds = cache_seconds
+        self._known: dict[Owner, tuple[float, QuotaLimits]] = {}
+        self._inflight: dict[Owner, asyncio.Future[QuotaLimits]] = {}
+        self.api_calls = 0
+
+    async def limits_of(self, owner: Owner) -> QuotaLimits:
+        known = self._known.get(owner)
+        if known is not None and time.monotonic() - known[0] < self._cache_seconds:
+            return known[1]
+        pending = self._inflight.get(owner)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[QuotaLimits] = asyncio.get_running_loop().create_future()
+        self._inflight[owner] = future
+        try:
+            limits = await self._fetch(owner)
+            future.set_result(limits)
+        finally:
+            del self._inflight[owner]
+            if not future.done():
+                future.set_result(self._defaults)
+        if len(self._known) >= _REMEMBERED:
+            self._known.clear()
+        self._known[owner] = (time.monotonic(), limits)
+        return limits
+
+    async def _fetch(self, owner: Owner) -> QuotaLimits:
+        path = f"/apis/{kube.GROUP}/{kube.VERSION}/namespaces/{owner.namespace}/{kube.AGENT_PLURAL}/{owner.agent}"
+        self.api_calls += 1
+        try:
+            response = await self._http.get(path, headers={"Authorization": f"Bearer {self._bearer()}"})
+        except (httpx.HTTPError, OSError):
+            return self._defaults
+        if response.status_code != 200:
+            return self._defaults
+        try:
+            spec = orjson.loads(response.content).get("spec") or {}
+            quota = (spec.get("sessionMemory") or {}).get("quota")
+        except (orjson.JSONDecodeError, AttributeError):
+            return self._defaults
+        return self._defaults.overridden(quota)
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    at: float
+
+
+class Quotas:
+    """``admit`` runs before every operation, once the caller and the key are known."""
+
+    def __init__(
+        self, limits: LimitSource, ledger: UsageLedger | None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._limits = limits
+        self._ledger = ledger
+        self._clock = clock
+        self._buckets: dict[Owner, _Bucket] = {}
+
+    async def admit(self, op: str, owner: Owner, key: str) -> None:
+        limits = await self._limits.limits_of(owner)
+        self._take_token(owner, limits)
+        if op in WRITES and self._ledger is not None:
+            await self._check_storage(limits, key)
+
+    def _take_token(self, owner: Owner, limits: QuotaLimits) -> None:
+        now = self._clock()
+        bucket = self._buckets.get(owner)
+        if bucket is None:
+            if len(self._buckets) >= _REMEMBERED:
+                self._buckets.clear()
+            bucket = self._buckets[owner] = _Bucket(float(limits.burst), now)
+        bucket.tokens = min(float(limits.burst), bucket.tokens + (now - bucket.at) * limits.requests_per_second)
+        bucket.at = now
+        if bucket.tokens < 1.0:
+            wait = (1.0 - bucket.tokens) / limits.requests_per_second
+            raise RateLimited(
+                f"{owner.author} is over its rate of {limits.requests_per_second:g} requests/s", math.ceil(wait)
+            )
+        bucket.tokens -= 1.0
+
+    async def _check_storage(self, limits: QuotaLimits, key: str) -> None:
+        ledger = self._ledger
+        assert ledger is not None
+        if ledger.atomic:
+            # The store checks, writes and accounts in one script: hand it the limits.
+            WRITE_LIMITS.set(StorageLimits(key, limits.max_conversations, limits.max_bytes))
+            return
+        usage = await ledger.reserve(key, limits.max_conversations, limits.max_bytes)
+        if usage.verdict:
+            raise refusal(usage.verdict, limits.max_conversations, limits.max_bytes)

@@ -1,0 +1,159 @@
+"""Per-agent quotas on the proxy's app against a real valkey-server: conversations and bytes (507), request
+rate (429 with Retry-After), each confined to the agent over it; the accounting follows trims, deletes and
+TTL expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from sessionmem_core import env
+from sessionmem_core.env import ProxySettings
+from sessionmem_core.errors import RateLimited
+from sessionmem_core.keys import Owner, usage_keys
+from sessionmem_core.store import ConversationStore, UsageLedger
+from sessionmem_core.valkey_client import connect
+from sessionmem_proxy.app import create_app
+from sessionmem_proxy.identity import dev_token
+from sessionmem_proxy.quotas import DefaultLimits, QuotaLimits, Quotas
+from tests.support.valkey import ValkeyProcess
+
+A = {"Authorization": f"Bearer {dev_token('team-a', 'greedy')}"}
+B = {"Authorization": f"Bearer {dev_token('team-b', 'polite')}"}
+
+
+def settings(server: ValkeyProcess, **quota: str) -> ProxySettings:
+    return ProxySettings.from_env({env.VALKEY_URL: server.url, env.AUTH_MODE: "dev", **quota})
+
+
+@pytest.fixture(params=["one-script", "cluster-style"])
+async def client_for(
+    request: pytest.FixtureRequest, valkey_server: ValkeyProcess
+) -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
+    """Builds the proxy app with the given quota settings; returns an httpx client to it. Each test runs
+    twice: with the accounting in the write's own script (standalone Valkey), and in separate calls before
+    and after the write (what a Valkey Cluster needs), both on the real server."""
+    made: list[httpx.AsyncClient] = []
+    valkeys: list[Any] = []
+
+    def make(**quota: str) -> httpx.AsyncClient:
+        valkey = connect(valkey_server.url, 2.0)
+        valkeys.append(valkey)
+        ledger = UsageLedger(valkey)
+        ledger.atomic = request.param == "one-script"
+        app = create_app(settings(valkey_server, **quota), store=ConversationStore(valkey, ledger))
+        made.append(httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy"))
+        return made[-1]
+
+    yield make
+    for client in made:
+        await client.aclose()
+    for valkey in valkeys:
+        await valkey.aclose()
+
+
+def entry(content: str, message_id: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"entries": [{"role": "user", "content": content}]}
+    if message_id:
+        body["entries"][0]["id"] = message_id
+    return body
+
+
+async def append(client: httpx.AsyncClient, who: dict[str, str], cid: str, content: str = "hi", **query: Any):  # type: ignore[no-untyped-def]
+    return await client.post(f"/v1/conversations/{cid}/entries", json=entry(content), headers=who, params=query)
+
+
+async def test_conversation_quota_is_a_507_for_that_agent_only(
+    client_for: Callable[..., httpx.AsyncClient],
+) -> None:
+    client = client_for(**{env.QUOTA_CONVERSATIONS: "2"})
+    assert (await append(client, A, "c1")).status_code == 200
+    assert (await append(client, A, "c2")).status_code == 200
+    over = await append(client, A, "c3")
+    assert over.status_code == 507 and over.json()["error"]["type"] == "quota_exceeded"
+    # A conversation the agent already has may still be written; another agent is untouched.
+    assert (await append(client, A, "c1")).status_code == 200
+    for cid in ("c1", "c3"):
+        assert (await append(client, B, cid)).status_code == 200
+    # Erasing a conversation gives its place back.
+    assert (await client.delete("/v1/conversations/c2", headers=A)).status_code == 200
+    assert (await append(client, A, "c3")).status_code == 200
+
+
+async def test_concurrent_new_conversations_never_pass_the_count(
+    client_for: Callable[..., httpx.AsyncClient], valkey_server: ValkeyProcess
+) -> None:
+    client = client_for(**{env.QUOTA_CONVERSATIONS: "5"})
+    answers = await asyncio.gather(*(append(client, A, f"c{i}") for i in range(40)))
+    assert sorted(a.status_code for a in answers) == [200] * 5 + [507] * 35
+    assert len(valkey_server.client().keys("mem:team-a/greedy:*")) == 5
+
+
+async def test_byte_quota_is_a_507_and_follows_the_cap(
+    client_for: Callable[..., httpx.AsyncClient], valkey_server: ValkeyProcess
+) -> None:
+    client = client_for(**{env.QUOTA_BYTES: "4000"})
+    # Under a cap of 2 the conversation stays ~2 entries however many are appended: never over quota.
+    for i in range(10):
+        assert (await append(client, A, "capped", "x" * 1000, cap=2)).status_code == 200, i
+    statuses = [(await append(client, A, f"big{i}", "y" * 1000)).status_code for i in range(4)]
+    assert statuses[0] == 200 and statuses[-1] == 507
+    assert (await append(client, B, "fine", "z" * 3000)).status_code == 200
+    # The accounting is the stored bytes themselves.
+    sync = valkey_server.client()
+    stored = sum(len(raw) for key in sync.keys("mem:team-a/greedy:*") for raw in sync.lrange(key.decode(), 0, -1))
+    raw: Any = sync  # valkey-py's sync hget is untyped in tests.support
+    assert int(raw.hget(usage_keys("team-a/greedy")[1], "total")) == stored
+
+
+async def test_expired_conversations_stop_counting(client_for: Callable[..., httpx.AsyncClient]) -> None:
+    client = client_for(**{env.QUOTA_CONVERSATIONS: "1"})
+    assert (await append(client, A, "short", ttlSeconds=1)).status_code == 200
+    assert (await append(client, A, "next")).status_code == 507
+    deadline = time.monotonic() + 10
+    while (status := (await append(client, A, "next")).status_code) == 507 and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert status == 200
+
+
+async def test_request_rate_is_a_429_with_retry_after_for_that_agent_only(
+    client_for: Callable[..., httpx.AsyncClient],
+) -> None:
+    # A rate so low that no token comes back during the test: the burst is all the agent has.
+    client = client_for(**{env.QUOTA_REQUESTS_PER_SECOND: "0.01", env.QUOTA_BURST: "3"})
+    for _ in range(3):
+        assert (await client.get("/v1/conversations/c/entries", headers=A)).status_code == 200
+    limited = await client.get("/v1/conversations/c/entries", headers=A)
+    assert limited.status_code == 429 and limited.json()["error"]["type"] == "rate_limited"
+    assert int(limited.headers["retry-after"]) >= 1
+    assert (await append(client, A, "c")).status_code == 429
+    assert (await client.get("/v1/conversations/c/entries", headers=B)).status_code == 200
+
+
+async def test_the_bucket_refills_at_the_agent_rate() -> None:
+    now = [0.0]
+    limits = QuotaLimits(max_conversations=10, max_bytes=10, requests_per_second=2.0, burst=2)
+    quotas = Quotas(DefaultLimits(limits), None, clock=lambda: now[0])
+    owner = Owner("team-a", "agent")
+    await quotas.admit("get", owner, "mem:team-a/agent:c")
+    await quotas.admit("get", owner, "mem:team-a/agent:c")
+    with pytest.raises(RateLimited):
+        await quotas.admit("get", owner, "mem:team-a/agent:c")
+    now[0] = 0.5  # one token back at 2/s
+    await quotas.admit("get", owner, "mem:team-a/agent:c")
+    with pytest.raises(RateLimited):
+        await quotas.admit("get", owner, "mem:team-a/agent:c")
+
+
+def test_an_agent_deployment_overrides_the_defaults_field_by_field() -> None:
+    defaults = QuotaLimits(max_conversations=100, max_bytes=1000, requests_per_second=200.0, burst=400)
+    assert defaults.overridden(None) == defaults
+    assert defaults.overridden({"maxConversations": 5}) == QuotaLimits(5, 1000, 200.0, 400)
+    assert defaults.overridden({"maxBytes": 10, "requestsPerSecond": 3}) == QuotaLimits(100, 10, 3.0, 6)
+    # Nonsense in an object the proxy did not validate falls back to the defaults.
+    assert defaults.overridden({"maxBytes": -1, "requestsPerSecond": "x", "maxConversations": True}) == defaults
