@@ -223,6 +223,14 @@ class ProxySettings:
     kube_token_file: str | None
     membership_cache_seconds: float
     redact_patterns: str | None
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_header_count: int = DEFAULT_MAX_HEADER_COUNT
+    max_url_bytes: int = DEFAULT_MAX_URL_BYTES
+    max_body_bytes: int = MAX_BODY_BYTES
+    header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS
+    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
+    idle_timeout_seconds: float = DEFAULT_IDLE_TIMEOUT_SECONDS
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProxySettings:
@@ -244,4 +252,13 @@ class ProxySettings:
             kube_token_file=env.get(KUBE_TOKEN_FILE) or None,
             membership_cache_seconds=_float(env, MEMBERSHIP_CACHE_SECONDS, 10.0),
             redact_patterns=env.get(REDACT_PATTERNS) or None,
+            # The head buffer of the HTTP server cannot be smaller than 8 KiB (hyper's minimum).
+            max_header_bytes=_int(env, MAX_HEADER_BYTES, DEFAULT_MAX_HEADER_BYTES, 8192, 1024 * 1024),
+            max_header_count=_int(env, MAX_HEADER_COUNT, DEFAULT_MAX_HEADER_COUNT, 1, 100),
+            max_url_bytes=_int(env, MAX_URL_BYTES, DEFAULT_MAX_URL_BYTES, 64, 1024 * 1024),
+            max_body_bytes=_int(env, MAX_REQUEST_BODY_BYTES, MAX_BODY_BYTES, 1024, 64 * 1024 * 1024),
+            header_timeout_seconds=_float(env, HEADER_TIMEOUT_SECONDS, DEFAULT_HEADER_TIMEOUT_SECONDS),
+            body_timeout_seconds=_float(env, BODY_TIMEOUT_SECONDS, DEFAULT_BODY_TIMEOUT_SECONDS),
+            idle_timeout_seconds=_float(env, IDLE_TIMEOUT_SECONDS, DEFAULT_IDLE_TIMEOUT_SECONDS),
+            max_connections=_int(env, MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS, 1, 1_000_000),
         )

@@ -60,6 +60,37 @@ class PayloadTooLarge(SessionMemError):
     status = 413
 
 
+class MethodNotAllowed(SessionMemError):
+    error_type = "method_not_allowed"
+    status = 405
+
+
+class RequestTimeout(SessionMemError):
+    """The request body did not arrive within the server's body timeout."""
+
+    error_type = "request_timeout"
+    status = 408
+
+
+class UriTooLong(SessionMemError):
+    error_type = "uri_too_long"
+    status = 414
+
+
+class HeadersTooLarge(SessionMemError):
+    """The request head has more header fields, or more bytes, than the server accepts."""
+
+    error_type = "headers_too_large"
+    status = 431
+
+
+class Overloaded(SessionMemError):
+    """The worker already serves as many requests as it is allowed to: retry later (another replica)."""
+
+    error_type = "overloaded"
+    status = 503
+
+
 class BackendUnavailable(SessionMemError):
     """The memory backend (Valkey, or the proxy seen from the launcher) cannot be reached in time."""
 
