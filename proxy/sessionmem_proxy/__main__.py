@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     try:
         serve(settings, args.workers)
-    except OSError as exc:  # e.g. the port is taken
-        _LOG.error("cannot listen on %s:%d at start-up: %s", settings.host, settings.port, exc)
+    except (OSError, RuntimeError) as exc:  # granian reports a taken port as a RuntimeError
+        _LOG.error("cannot serve on %s:%d at start-up: %s", settings.host, settings.port, exc)
         sys.exit(1)
 
 
