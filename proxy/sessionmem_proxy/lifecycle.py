@@ -19,9 +19,12 @@ from sessionmem_proxy.replies import Reply, StreamReply, memory_headers, memory_
 _SCAN_BATCH = 200
 # A page scans at most this many batches, so one request stays bounded however sparse the keyspace.
 _MAX_SCANS_PER_PAGE = 50
-# An export reads this many entries per LRANGE and sends them before reading more, so its memory is one
-# page of entries (each at most MAX_CONTENT_CHARS), whatever the conversation's length.
-EXPORT_PAGE_ENTRIES = 16
+# An export reads one page of entries per LRANGE and sends it before reading the next, so its memory is
+# about one page whatever the conversation's length. A page aims at this many bytes (sized from the
+# largest entry of the page before), starting small because entries may be up to MAX_CONTENT_CHARS each.
+EXPORT_PAGE_BYTES = 1024 * 1024
+EXPORT_FIRST_PAGE_ENTRIES = 4
+EXPORT_MAX_PAGE_ENTRIES = 256
 
 
 async def search(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
@@ -96,7 +99,7 @@ async def export(ctx: ProxyContext, p: Params, _: BaseModel | None) -> StreamRep
     snapshot); a backend failure after the first page cuts the answer short (an incomplete chunked body)."""
     async with operation(ctx, "export", p) as op:
         length, version, _ttl = await ctx.store.info(op.key)
-        first = await ctx.store.read_range(op.key, 0, EXPORT_PAGE_ENTRIES - 1) if length else []
+        first = await ctx.store.read_range(op.key, 0, EXPORT_FIRST_PAGE_ENTRIES - 1) if length else []
         op.span.entries, op.span.version = length, version
         head = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[' % (
             orjson.dumps(p["conversation_id"]),
@@ -107,13 +110,13 @@ async def export(ctx: ProxyContext, p: Params, _: BaseModel | None) -> StreamRep
 
     async def chunks() -> AsyncIterator[bytes]:
         yield head + b",".join(first)
-        sent = len(first)
-        while sent < length and first:
-            page = await ctx.store.read_range(key, sent, min(sent + EXPORT_PAGE_ENTRIES, length) - 1)
-            if not page:
-                break
-            yield b"," + b",".join(page)
-            sent += len(page)
+        sent, page = len(first), first
+        while sent < length and page:
+            size = max(1, min(EXPORT_MAX_PAGE_ENTRIES, EXPORT_PAGE_BYTES // max(map(len, page))))
+            page = await ctx.store.read_range(key, sent, min(sent + size, length) - 1)
+            if page:
+                yield b"," + b",".join(page)
+                sent += len(page)
         yield b"]}"
 
     return StreamReply(200, memory_headers(op.scope, length, version), chunks())
