@@ -141,6 +141,7 @@ async def test_refused_parameters_are_typed_400s_never_422(app: ProxyApp) -> Non
             "/v1/conversations/c/entries?summary=maybe",
             "/v1/conversations/c/search?q=",
             "/v1/conversations?limit=0",
+            "/v1/conversations?limit=%C2%B9",  # a superscript one: a digit to str.isdigit, not an integer
         ):
             response = await client.get(target, headers=AUTH)
             assert response.status_code == 400, (target, response.text)

@@ -45,7 +45,7 @@ def _parse_if_match(if_match: str | None) -> int | None:
     if if_match is None or if_match.strip() in ("", "*"):
         return None
     value = if_match.strip().removeprefix("W/").strip('"')
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise InvalidRequest("If-Match must be a version number, or '*'")
     return int(value)
 

@@ -43,7 +43,7 @@ class Param:
 
 def integer(key: str, name: str, default: int, lo: int, hi: int, description: str = "") -> Param:
     def parse(raw: str) -> int:
-        if not raw.isdigit() or not lo <= int(raw) <= hi:
+        if not (raw.isascii() and raw.isdigit()) or not lo <= int(raw) <= hi:
             raise InvalidRequest(f"query.{name}: must be an integer from {lo} to {hi}")
         return int(raw)
 
