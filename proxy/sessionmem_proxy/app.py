@@ -8,6 +8,7 @@ ASGI rather than RSGI: RSGI hands the app only the percent-decoded path, decoded
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import pathlib
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -40,6 +41,7 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 _LOG = logging.getLogger("sessionmem.proxy")
 _CONTENT_LENGTH = b"content-length"
+_LIVENESS = "/healthz"
 
 
 class ProxyApp:
@@ -83,7 +85,9 @@ class ProxyApp:
                 return
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.in_flight.enter():
+        # Liveness is not counted: a kubelet would restart a pod whose worker is merely busy.
+        counted = scope["path"] != _LIVENESS
+        if counted and not self.in_flight.enter():
             await _send_reply(send, error_reply(Overloaded("this worker is at its request limit; retry")))
             return
         try:
@@ -92,11 +96,12 @@ class ProxyApp:
             except ClientGone:
                 return
             if isinstance(reply, StreamReply):
-                await _send_stream(send, reply)
+                await _send_stream(send, reply, self.limits.stall_timeout_seconds)
             else:
                 await _send_reply(send, reply)
         finally:
-            self.in_flight.leave()
+            if counted:
+                self.in_flight.leave()
 
     async def serve(self, scope: Scope, receive: Receive) -> Reply | StreamReply:
         """The reply to one request; every failure becomes a typed answer here."""
@@ -153,10 +158,14 @@ async def _send_reply(send: Send, reply: Reply) -> None:
     await send({"type": "http.response.body", "body": reply.body})
 
 
-async def _send_stream(send: Send, reply: StreamReply) -> None:
+async def _send_stream(send: Send, reply: StreamReply, stall_timeout: float) -> None:
+    """Each chunk waits for the client to take the one before (granian's flow control); a client that
+    takes nothing for ``stall_timeout`` is cut off (TimeoutError: the server aborts the connection), so
+    a reader that never reads cannot hold its request slot forever."""
     await send({"type": "http.response.start", "status": reply.status, "headers": list(reply.headers)})
     async for chunk in reply.chunks:
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        async with asyncio.timeout(stall_timeout):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
 
 

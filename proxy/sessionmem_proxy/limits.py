@@ -27,6 +27,8 @@ class ServingLimits:
     max_body_bytes: int
     body_timeout_seconds: float
     max_in_flight: int
+    # A streamed answer the client stops reading is cut off after this long without progress.
+    stall_timeout_seconds: float
 
     @classmethod
     def from_settings(cls, settings: ProxySettings) -> ServingLimits:
@@ -37,6 +39,7 @@ class ServingLimits:
             max_body_bytes=settings.max_body_bytes,
             body_timeout_seconds=settings.body_timeout_seconds,
             max_in_flight=settings.max_connections,
+            stall_timeout_seconds=settings.idle_timeout_seconds,
         )
 
     def check_head(self, raw_path: bytes, query: bytes, headers: Iterable[tuple[bytes, bytes]]) -> None:
