@@ -8,6 +8,8 @@ import logging
 import os
 import sys
 
+from opentelemetry.trace import NoOpTracerProvider
+
 from sessionmem_core.env import ConfigError, ProxySettings
 from sessionmem_proxy.app import create_app
 from sessionmem_proxy.server import serve
@@ -16,7 +18,10 @@ _LOG = logging.getLogger("sessionmem.proxy")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="sessionmem state-layer proxy (settings from SESSIONMEM_* variables)")
+    parser = argparse.ArgumentParser(
+        prog="python -m sessionmem_proxy",
+        description="sessionmem state-layer proxy (settings from SESSIONMEM_* variables)",
+    )
     parser.add_argument(
         "--workers",
         type=int,
@@ -31,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
         settings = ProxySettings.from_env()
         # Built once here so a bad setting (a missing key file, a bad redactor pattern) stops the proxy at
         # start-up with its message, instead of failing in every worker.
-        asyncio.run(create_app(settings).aclose())
+        asyncio.run(create_app(settings, tracer_provider=NoOpTracerProvider()).aclose())
     except (ConfigError, OSError, ValueError) as exc:
         _LOG.error("bad configuration at start-up: %s", exc)
         sys.exit(2)
