@@ -212,7 +212,6 @@ ROUTES: tuple[Route, ...] = (
 )
 
 _CONVERSATIONS = f"{api.API_PREFIX}/conversations/".encode()
-_SUFFIXES = (b"entries", b"search", b"export")
 
 
 class RouteTable:
@@ -228,6 +227,7 @@ class RouteTable:
                 self._conversation.setdefault(suffix, {})[route.method] = route
             else:
                 self._fixed.setdefault(route.path.encode(), {})[route.method] = route
+        self._suffixes = [suffix for suffix in self._conversation if suffix]
 
     def match(self, method: str, raw_path: bytes) -> tuple[Route, Mapping[str, str]]:
         fixed = self._fixed.get(raw_path)
@@ -237,7 +237,7 @@ class RouteTable:
             raise NotFound(f"no route {raw_path.decode('latin-1')}")
         rest = raw_path[len(_CONVERSATIONS) :]
         suffix = b""
-        for candidate in _SUFFIXES:
+        for candidate in self._suffixes:
             if rest.endswith(b"/" + candidate):
                 suffix, rest = candidate, rest[: -len(candidate) - 1]
                 break
