@@ -128,8 +128,7 @@ class ProxyApp:
         values = parse(route.params, RawRequest(path_values, dict(api.parse_query(query)), headers))
         body = None
         if route.request is not None:
-            length = headers.get("content-length")
-            raw = await self.limits.read_body(receive, length.encode("latin-1") if length is not None else None)
+            raw = await self.limits.read_body(receive, headers.get("content-length"))
             try:
                 body = route.request.model_validate_json(raw)
             except ValidationError as exc:

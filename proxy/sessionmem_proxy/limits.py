@@ -55,11 +55,12 @@ class ServingLimits:
         if size > self.max_header_bytes:
             raise HeadersTooLarge(f"header fields exceed {self.max_header_bytes} bytes")
 
-    async def read_body(self, receive: Receive, content_length: bytes | None) -> bytes:
+    async def read_body(self, receive: Receive, content_length: str | None) -> bytes:
         """The whole body, counted while it streams in: reading stops at the limit (413) or when the
         body timeout passes (408); a declared Content-Length over the limit is refused unread."""
         limit = self.max_body_bytes
-        if content_length is not None and content_length.isdigit() and int(content_length) > limit:
+        declared = content_length is not None and content_length.isascii() and content_length.isdigit()
+        if declared and int(content_length or 0) > limit:
             raise PayloadTooLarge(f"request body exceeds {limit} bytes")
         chunks: list[bytes] = []
         received = 0
