@@ -3,6 +3,8 @@ closes the connection) in bounded time and memory, while other clients are still
 
 from __future__ import annotations
 
+import contextlib
+import select
 import socket
 import threading
 import time
@@ -134,6 +136,26 @@ def test_a_body_that_does_not_arrive_in_time_is_a_typed_408(proxy: ServiceProces
         waited = time.monotonic() - started
     assert answer.status == 408 and answer.error_type == "request_timeout"
     assert waited < BODY_TIMEOUT_SECONDS + SLACK_SECONDS
+
+
+def test_a_body_trickled_byte_by_byte_is_cut_off_at_the_body_timeout(proxy: ServiceProcess) -> None:
+    """Every byte arrives well within any per-read timeout, but the whole body does not arrive in time."""
+    body = b'{"entries":[{"role":"user","content":"' + b"x" * 200 + b'"}]}'
+    with connect(proxy.port) as sock:
+        sock.sendall(request("POST", "/v1/conversations/trickle/entries", body=body)[: -len(body)])
+        started = time.monotonic()
+        sent = 0
+        with contextlib.suppress(OSError):
+            for byte in body:
+                sock.sendall(bytes([byte]))
+                sent += 1
+                readable, _, _ = select.select([sock], [], [], 0.1)
+                if readable:
+                    break
+        answer = read_answer(sock.makefile("rb"))
+        waited = time.monotonic() - started
+    assert answer.status == 408 and answer.error_type == "request_timeout"
+    assert sent < len(body) and waited < BODY_TIMEOUT_SECONDS + SLACK_SECONDS
 
 
 def test_requests_over_the_worker_limit_are_a_typed_503_then_served_again(proxy: ServiceProcess) -> None:
