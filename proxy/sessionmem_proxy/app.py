@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import pathlib
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from opentelemetry.trace import TracerProvider
@@ -33,7 +33,7 @@ from sessionmem_proxy.metrics import ProxyMetrics
 from sessionmem_proxy.params import RawRequest, parse
 from sessionmem_proxy.redaction import Redaction
 from sessionmem_proxy.replies import Reply, StreamReply, error_reply, internal_error_reply
-from sessionmem_proxy.routes import NotAllowedHere, RouteTable
+from sessionmem_proxy.routes import NotAllowedHere, Route, RouteTable
 from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
 
 Scope = MutableMapping[str, Any]
@@ -41,7 +41,6 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 _LOG = logging.getLogger("sessionmem.proxy")
 _CONTENT_LENGTH = b"content-length"
-_LIVENESS = "/healthz"
 
 
 class ProxyApp:
@@ -85,14 +84,21 @@ class ProxyApp:
                 return
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Liveness is not counted: a kubelet would restart a pod whose worker is merely busy.
-        counted = scope["path"] != _LIVENESS
-        if counted and not self.in_flight.enter():
+        try:
+            raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+            raw_path = raw_path.partition(b"?")[0]  # some ASGI servers leave the query on raw_path
+            query: bytes = scope.get("query_string", b"")
+            self.limits.check_head(raw_path, query, scope["headers"])
+            route, path_values = self.table.match(scope["method"], raw_path)
+        except SessionMemError as exc:
+            await _send_reply(send, _typed(exc))
+            return
+        if route.counted and not self.in_flight.enter():
             await _send_reply(send, error_reply(Overloaded("this worker is at its request limit; retry")))
             return
         try:
             try:
-                reply = await self.serve(scope, receive)
+                reply = await self._serve(route, path_values, query, scope["headers"], receive)
             except ClientGone:
                 return
             if isinstance(reply, StreamReply):
@@ -100,45 +106,47 @@ class ProxyApp:
             else:
                 await _send_reply(send, reply)
         finally:
-            if counted:
+            if route.counted:
                 self.in_flight.leave()
 
-    async def serve(self, scope: Scope, receive: Receive) -> Reply | StreamReply:
-        """The reply to one request; every failure becomes a typed answer here."""
+    async def _serve(
+        self,
+        route: Route,
+        path_values: Mapping[str, str],
+        query: bytes,
+        raw_headers: list[tuple[bytes, bytes]],
+        receive: Receive,
+    ) -> Reply | StreamReply:
+        """The reply of one routed request; every failure becomes a typed answer here."""
         try:
-            return await self._dispatch(scope, receive)
-        except NotAllowedHere as exc:
-            return error_reply(exc, ((b"allow", exc.allow.encode()),))
+            headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in raw_headers}
+            values = parse(route.params, RawRequest(path_values, dict(api.parse_query(query)), headers))
+            body = None
+            if route.request is not None:
+                raw = await self.limits.read_body(receive, headers.get("content-length"))
+                try:
+                    body = route.request.model_validate_json(raw)
+                except ValidationError as exc:
+                    raise InvalidRequest(_problems(exc)) from exc
+            return await route.handler(self.ctx, values, body)
         except SessionMemError as exc:
-            return error_reply(exc)
+            return _typed(exc)
         except ClientGone:
             raise
         except Exception as exc:
             _LOG.exception("unhandled error")
             return internal_error_reply(exc)
 
-    async def _dispatch(self, scope: Scope, receive: Receive) -> Reply | StreamReply:
-        raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
-        raw_path = raw_path.partition(b"?")[0]  # some ASGI servers leave the query on raw_path
-        query: bytes = scope.get("query_string", b"")
-        raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
-        self.limits.check_head(raw_path, query, raw_headers)
-        route, path_values = self.table.match(scope["method"], raw_path)
-        headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in raw_headers}
-        values = parse(route.params, RawRequest(path_values, dict(api.parse_query(query)), headers))
-        body = None
-        if route.request is not None:
-            raw = await self.limits.read_body(receive, headers.get("content-length"))
-            try:
-                body = route.request.model_validate_json(raw)
-            except ValidationError as exc:
-                raise InvalidRequest(_problems(exc)) from exc
-        return await route.handler(self.ctx, values, body)
-
     def openapi(self) -> dict[str, Any]:
         from sessionmem_proxy.openapi import document
 
         return document(self.table)
+
+
+def _typed(error: SessionMemError) -> Reply:
+    if isinstance(error, NotAllowedHere):
+        return error_reply(error, ((b"allow", error.allow.encode()),))
+    return error_reply(error)
 
 
 def _problems(exc: ValidationError) -> str:

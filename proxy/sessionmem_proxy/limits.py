@@ -56,12 +56,16 @@ class ServingLimits:
             raise HeadersTooLarge(f"header fields exceed {self.max_header_bytes} bytes")
 
     async def read_body(self, receive: Receive, content_length: str | None) -> bytes:
-        """The whole body, counted while it streams in: reading stops at the limit (413) or when the
-        body timeout passes (408); a declared Content-Length over the limit is refused unread."""
+        """The whole body, counted while it streams in; 413 over the limit, 408 when the body timeout
+        passes first.
+
+        Over the limit (declared or counted), nothing more is kept, but what the client is still sending
+        is read and dropped, up to as much again and within the body timeout: closing on unread bytes
+        makes the kernel reset the connection, and a client still uploading would then never read its
+        413. Memory stays bounded by the limit; time by the body timeout."""
         limit = self.max_body_bytes
         declared = content_length is not None and content_length.isascii() and content_length.isdigit()
-        if declared and int(content_length or 0) > limit:
-            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        too_large = declared and int(content_length or 0) > limit
         chunks: list[bytes] = []
         received = 0
         try:
@@ -72,13 +76,19 @@ class ServingLimits:
                         raise ClientGone
                     chunk = message.get("body", b"")
                     received += len(chunk)
-                    if received > limit:
-                        raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-                    chunks.append(chunk)
+                    too_large = too_large or received > limit
+                    if not too_large:
+                        chunks.append(chunk)
+                    elif received > 2 * limit:
+                        break
                     if not message.get("more_body", False):
-                        return b"".join(chunks)
+                        break
         except TimeoutError as exc:
-            raise RequestTimeout(f"request body not received within {self.body_timeout_seconds:g} s") from exc
+            if not too_large:
+                raise RequestTimeout(f"request body not received within {self.body_timeout_seconds:g} s") from exc
+        if too_large:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        return b"".join(chunks)
 
 
 class InFlight:

@@ -24,8 +24,9 @@ from sessionmem_proxy.replies import Reply, StreamReply, json_reply, text_reply
 Handler = Callable[[ProxyContext, dict[str, Any], BaseModel | None], Awaitable[Reply | StreamReply]]
 
 # Statuses any request may get from the serving limits (sessionmem_proxy.limits, docs/limits.md): a URL
-# or a head over its limit, or a worker already serving its maximum of requests.
-SERVING_STATUSES = frozenset({414, 431, 503})
+# or a head over its limit; and a counted route, from a worker already serving its maximum of requests.
+SERVING_STATUSES = frozenset({414, 431})
+OVERLOADED_STATUS = 503
 # An operation on behalf of a verified caller: a refused parameter or id, no or a bad token, a token that
 # is not an agent's, the identity service or the backend unreachable.
 CALLER_STATUSES = frozenset({400, 401, 403, 503})
@@ -46,10 +47,14 @@ class Route:
     tag: str
     request: type[BaseModel] | None = None
     content_type: str = "application/json"
+    # Counted against the worker's request limit. Liveness is not: a kubelet would restart a pod whose
+    # worker is merely busy.
+    counted: bool = True
 
     @property
     def all_statuses(self) -> frozenset[int]:
-        return self.statuses | SERVING_STATUSES | {200}
+        overload = {OVERLOADED_STATUS} if self.counted else set()
+        return self.statuses | SERVING_STATUSES | overload | {200}
 
 
 async def _healthz(_ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
@@ -82,7 +87,7 @@ _SEARCH_LIMIT = params.integer("limit", "limit", 10, 1, 100, "At most this many 
 _CONFIRM = params.boolean("confirm", False, "Must be true: this erases every private conversation")
 
 ROUTES: tuple[Route, ...] = (
-    Route("healthz", "GET", "/healthz", (), _healthz, wire.Health, frozenset(), "Liveness", "health"),
+    Route("healthz", "GET", "/healthz", (), _healthz, wire.Health, frozenset(), "Liveness", "health", counted=False),
     Route("readyz", "GET", "/readyz", (), _readyz, wire.Health, frozenset({503}), "Readiness (Valkey)", "health"),
     Route(
         "metrics",
