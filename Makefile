@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit integration bench soak envtest crds crds-check helm clean
+.PHONY: run test lint typecheck unit integration bench soak envtest crds crds-check helm clean openapi
 
 $(STAMP): requirements.txt requirements-dev.txt requirements-adapters.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,10 @@ bench: $(STAMP)
 
 soak: $(STAMP)
 	@$(PY) -m bench.soak
+
+## The proxy's OpenAPI document, generated from its route table (a test checks the committed one is current).
+openapi: $(STAMP)
+	@$(PY) -m sessionmem_proxy.openapi --write
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -34,7 +34,18 @@ from bench.valkey_ceiling import benchmark_tool
 RESULTS = REPO / "bench" / "results" / "latest.json"
 DOC = REPO / "docs" / "benchmarks.md"
 REQUIREMENTS = REPO / "requirements-bench.txt"
-PACKAGES = ("fastapi", "starlette", "uvicorn", "uvloop", "httptools", "httpx", "valkey", "libvalkey", "pydantic")
+PACKAGES = (
+    "granian",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "uvloop",
+    "httptools",
+    "httpx",
+    "valkey",
+    "libvalkey",
+    "pydantic",
+)
 COMPARED = ("openai-agents", "redis", "langchain-community", "langchain-core")
 
 

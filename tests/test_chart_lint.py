@@ -969,7 +969,10 @@ async def test_valkey_acl_lets_the_store_work_and_nothing_else(chart_valkey: tup
     store = ConversationStore(client, UsageLedger(client))  # with the per-agent accounting the proxy keeps
     key = "mem:team/agent:c1"
     try:
-        exercised = {"append", "read", "read_with_summary", "info", "scan", "read_all", "replace", "delete", "ping"}
+        exercised = {
+            *("append", "read", "read_with_summary", "info", "scan", "read_all", "read_range", "replace"),
+            *("delete", "ping"),
+        }
         public = {name for name, _ in inspect.getmembers(ConversationStore, inspect.iscoroutinefunction)}
         public = {name for name in public if not name.startswith("_")}
         assert public == exercised, f"new store operations {sorted(public - exercised)}: exercise them here"
@@ -983,6 +986,7 @@ async def test_valkey_acl_lets_the_store_work_and_nothing_else(chart_valkey: tup
         assert (await store.info(key))[0] == 1
         assert key in (await store.scan("mem:team/agent:*", 0, 100))[1]
         assert len((await store.read_all(key)).raw_entries) == 1
+        assert len(await store.read_range(key, 0, 15)) == 1
         replaced = await store.replace(key, [NewEntry("user", "seed")], "team/agent", 1, cap=10, ttl_seconds=60)
         assert replaced.version == 2
         assert await store.delete(key) == 1

@@ -1,6 +1,7 @@
-"""``python -m sessionmem_proxy`` with several workers: each its own socket on the one port, the
-connections spread over them, a dead worker replaced, SIGTERM stopping them all, and a worker that
-cannot start stopping the proxy instead of restarting forever."""
+"""``python -m sessionmem_proxy`` with several workers (granian's worker processes): the connections
+spread over them and each serves, a dead worker replaced, SIGTERM stopping them all cleanly, and a proxy
+that cannot start (a taken port, a bad setting) exiting non-zero with its reason instead of restarting
+forever."""
 
 from __future__ import annotations
 
@@ -158,3 +159,43 @@ def test_workers_that_cannot_listen_stop_the_proxy_with_an_error(valkey_server: 
                 proc.wait()
     assert code != 0
     assert proc.stderr is not None and b"at start-up" in proc.stderr.read()
+
+
+def test_a_bad_setting_stops_the_proxy_at_start_up_with_its_reason(valkey_server: ValkeyProcess) -> None:
+    port = free_port()
+    done = subprocess.run(
+        [sys.executable, "-m", "sessionmem_proxy"],
+        env={**os.environ, **_proxy_env(valkey_server, port, 2), env.MAX_HEADER_COUNT: "lots"},
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert b"bad configuration at start-up" in done.stderr and env.MAX_HEADER_COUNT.encode() in done.stderr
+
+
+def test_sigterm_lets_the_request_under_way_finish(valkey_server: ValkeyProcess) -> None:
+    port = free_port()
+    proc = ServiceProcess("sessionmem_proxy", _proxy_env(valkey_server, port, 1), port)
+    proc.start()
+    try:
+        body = b'{"entries":[{"role":"user","content":"hi"}]}'
+        head = (
+            b"POST /v1/conversations/graceful/entries HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n"
+            % (dev_token("team-a", "agent").encode(), len(body))
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(head + body[:10])  # the request is under way: its body is still coming
+            deadline = time.monotonic() + 5
+            while _established_sockets(_wait_for_children(proc.pid, 1)[0], port) == 0:
+                assert time.monotonic() < deadline, "the worker never held the connection"
+                time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGTERM)
+            sock.sendall(body[10:])
+            answer = sock.makefile("rb").read()
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        assert b'"stored":1' in answer
+        assert proc._proc is not None and proc._proc.wait(timeout=20) == 0
+    finally:
+        proc.stop()

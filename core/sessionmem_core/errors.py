@@ -71,6 +71,11 @@ class PayloadTooLarge(SessionMemError):
     status = 413
 
 
+class MethodNotAllowed(SessionMemError):
+    error_type = "method_not_allowed"
+    status = 405
+
+
 class RequestTimeout(SessionMemError):
     """The request body did not arrive within the server's body timeout."""
 
@@ -78,20 +83,20 @@ class RequestTimeout(SessionMemError):
     status = 408
 
 
-class UrlTooLong(SessionMemError):
-    error_type = "url_too_long"
+class UriTooLong(SessionMemError):
+    error_type = "uri_too_long"
     status = 414
 
 
-class HeaderFieldsTooLarge(SessionMemError):
-    """Too many request headers (a head over the byte limit is refused by the HTTP server itself)."""
+class HeadersTooLarge(SessionMemError):
+    """The request head has more header fields, or more bytes, than the server accepts."""
 
-    error_type = "header_fields_too_large"
+    error_type = "headers_too_large"
     status = 431
 
 
 class Overloaded(SessionMemError):
-    """More requests in flight than the server's connection limit allows."""
+    """The worker already serves as many requests as it is allowed to: retry later (another replica)."""
 
     error_type = "overloaded"
     status = 503

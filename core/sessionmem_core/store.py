@@ -550,6 +550,11 @@ class ConversationStore:
         raw: list[bytes] = await self._guard(self._client.lrange(key, 0, -1))
         return ReadResult(version=version_of(raw[-1]) if raw else 0, raw_entries=raw)
 
+    async def read_range(self, key: str, start: int, stop: int) -> list[bytes]:
+        """Entries ``start`` to ``stop`` (LRANGE indexes, inclusive): one page of an export."""
+        raw: list[bytes] = await self._guard(self._client.lrange(key, start, stop))
+        return raw
+
     async def replace(
         self,
         key: str,

@@ -28,12 +28,12 @@ from granian.server.embed import Server
 from sessionmem_core import env
 from sessionmem_core.env import LauncherSettings
 from sessionmem_core.errors import (
-    HeaderFieldsTooLarge,
+    HeadersTooLarge,
     Overloaded,
     PayloadTooLarge,
     RequestTimeout,
     SessionMemError,
-    UrlTooLong,
+    UriTooLong,
 )
 
 JSON = "application/json"
@@ -107,9 +107,9 @@ class RequestLimits:
         # as a whole is bounded by max_header_bytes before the request gets here.
         url_bytes = len(scope.path.encode()) + len(scope.query_string)
         if url_bytes > limits.max_url_bytes:
-            raise UrlTooLong(f"request target exceeds {limits.max_url_bytes} bytes")
+            raise UriTooLong(f"request target exceeds {limits.max_url_bytes} bytes")
         if len(scope.headers.items()) > limits.max_header_count:
-            raise HeaderFieldsTooLarge(f"more than {limits.max_header_count} request headers")
+            raise HeadersTooLarge(f"more than {limits.max_header_count} request headers")
 
     async def read_body(self, scope: Scope, proto: HTTPProtocol) -> bytes:
         """The whole body, at most ``max_body_bytes``, all of it within ``body_timeout_seconds``."""

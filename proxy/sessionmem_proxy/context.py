@@ -1,4 +1,4 @@
-"""The proxy's parts, handed to routes by dependency injection (one per app, none global)."""
+"""The proxy's parts, handed to every route handler (one per app, none global)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,6 @@ import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Annotated
-
-from fastapi import Depends, Request
 
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import SessionMemError
@@ -33,14 +30,6 @@ class ProxyContext:
     tracer: MemoryTracer
     metrics: ProxyMetrics
     quotas: Quotas | None = None
-
-
-async def _context(request: Request) -> ProxyContext:
-    ctx: ProxyContext = request.app.state.ctx
-    return ctx
-
-
-Ctx = Annotated[ProxyContext, Depends(_context)]
 
 
 async def identify(ctx: ProxyContext, authorization: str | None) -> AgentIdentity:

@@ -1,29 +1,125 @@
-"""Lifecycle routes: existence and metadata, export, listing an agent's conversations, clearing them
-all, and erasing everything of one end user. Each erasure says what it removed."""
+"""The other operations on a conversation (search, replace, delete, info, export) and the agent-wide and
+user-wide ones (list, clear, erase a user). Each erasure says what it removed."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import AsyncIterator
 
 import orjson
-from fastapi import FastAPI, Query
-from fastapi.responses import Response
 from pydantic import BaseModel
 
-from sessionmem_core import api, wire
+from sessionmem_core import wire
 from sessionmem_core.errors import InvalidRequest
 from sessionmem_core.keys import Scope, session_prefix
-from sessionmem_proxy.context import Ctx, ProxyContext, conversation_operation, identify
-from sessionmem_proxy.params import AuthHeader, CapabilityHeader, ConversationIdPath, ScopeQuery, TraceHeader
+from sessionmem_core.store import search_entries
+from sessionmem_proxy.context import ProxyContext, identify
+from sessionmem_proxy.hot import Params, new_entries, operation
+from sessionmem_proxy.replies import Reply, StreamReply, memory_headers, memory_reply, model_reply
 
-JSON = "application/json"
 _SCAN_BATCH = 200
 # A page scans at most this many batches, so one request stays bounded however sparse the keyspace.
 _MAX_SCANS_PER_PAGE = 50
+# An export reads one page of entries per LRANGE and sends it before reading the next, so its memory is
+# about one page whatever the conversation's length. A page aims at this many bytes (sized from the
+# largest entry of the page before), starting small because entries may be up to MAX_CONTENT_CHARS each.
+EXPORT_PAGE_BYTES = 1024 * 1024
+EXPORT_FIRST_PAGE_ENTRIES = 4
+EXPORT_MAX_PAGE_ENTRIES = 256
 
 
-def _json(model: BaseModel) -> Response:
-    return Response(content=model.model_dump_json(by_alias=True).encode(), media_type=JSON)
+async def search(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
+    async with operation(ctx, "search", p) as op:
+        result = await ctx.store.read_all(op.key)
+        matches = search_entries(result.raw_entries, p["q"], p["limit"])
+        op.span.entries, op.span.version = len(matches), result.version
+        response = wire.SearchResponse(
+            conversationId=p["conversation_id"],
+            scope=op.scope,
+            query=p["q"],
+            matches=[wire.Entry.model_validate(m) for m in matches],
+        )
+        return memory_reply(response, op.scope, len(matches), result.version)
+
+
+def _parse_if_match(if_match: str | None) -> int | None:
+    if if_match is None or if_match.strip() in ("", "*"):
+        return None
+    value = if_match.strip().removeprefix("W/").strip('"')
+    if not (value.isascii() and value.isdigit()):
+        raise InvalidRequest("If-Match must be a version number, or '*'")
+    return int(value)
+
+
+async def replace(ctx: ProxyContext, p: Params, body: BaseModel | None) -> Reply:
+    assert isinstance(body, wire.ReplaceRequest)  # the route table validated it
+    expected = _parse_if_match(p["if_match"])
+    async with operation(ctx, "replace", p) as op:
+        result = await ctx.store.replace(
+            op.key,
+            await new_entries(ctx, body.entries, p["redact"]),
+            author=op.identity.owner.author,
+            expected_version=expected,
+            cap=p["cap"],
+            ttl_seconds=p["ttl_seconds"],
+        )
+        op.span.entries, op.span.version = result.stored, result.version
+        response = wire.ReplaceResponse(version=result.version, stored=result.stored, scope=op.scope)
+        return memory_reply(response, op.scope, result.stored, result.version)
+
+
+async def delete(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
+    async with operation(ctx, "delete", p) as op:
+        removed = await ctx.store.delete(op.key)
+        op.span.entries = removed
+        response = wire.DeleteResponse(deleted=removed > 0, entries=removed, scope=op.scope)
+        return memory_reply(response, op.scope, removed, None)
+
+
+async def info(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
+    async with operation(ctx, "info", p) as op:
+        length, version, ttl = await ctx.store.info(op.key)
+        op.span.entries, op.span.version = length, version
+        return model_reply(
+            wire.ConversationInfo(
+                conversationId=p["conversation_id"],
+                scope=op.scope,
+                exists=length > 0,
+                version=version,
+                entries=length,
+                ttlSeconds=ttl,
+            )
+        )
+
+
+async def export(ctx: ProxyContext, p: Params, _: BaseModel | None) -> StreamReply:
+    """The whole conversation as one ``History`` document, streamed page by page.
+
+    The first page is read before the answer starts, so a refused caller or an unreachable backend is
+    still a typed error. Entries written while an export runs may or may not be in it (it is not a
+    snapshot); a backend failure after the first page cuts the answer short (an incomplete chunked body)."""
+    async with operation(ctx, "export", p) as op:
+        length, version, _ttl = await ctx.store.info(op.key)
+        first = await ctx.store.read_range(op.key, 0, EXPORT_FIRST_PAGE_ENTRIES - 1) if length else []
+        op.span.entries, op.span.version = length, version
+        head = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[' % (
+            orjson.dumps(p["conversation_id"]),
+            op.scope.encode(),
+            version,
+        )
+        key = op.key
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield head + b",".join(first)
+        sent, page = len(first), first
+        while sent < length and page:
+            size = max(1, min(EXPORT_MAX_PAGE_ENTRIES, EXPORT_PAGE_BYTES // max(map(len, page))))
+            page = await ctx.store.read_range(key, sent, min(sent + size, length) - 1)
+            if page:
+                yield b"," + b",".join(page)
+                sent += len(page)
+        yield b"]}"
+
+    return StreamReply(200, memory_headers(op.scope, length, version), chunks())
 
 
 async def _conversations_under(
@@ -54,135 +150,38 @@ async def _delete_all(ctx: ProxyContext, prefix: str) -> tuple[list[str], int]:
             return removed_keys, entries
 
 
-def install_lifecycle_routes(app: FastAPI) -> None:
-    prefix = api.API_PREFIX
-
-    @app.get(
-        f"{prefix}/conversations/{{conversation_id:path}}/export",
-        response_model=wire.History,
-        tags=["lifecycle"],
-        summary="Export a whole conversation",
-    )
-    async def export(
-        ctx: Ctx,
-        conversation_id: ConversationIdPath,
-        scope: ScopeQuery = Scope.SESSION,
-        authorization: AuthHeader = None,
-        traceparent: TraceHeader = None,
-        x_sessionmem_user_capability: CapabilityHeader = None,
-    ) -> Response:
-        async with conversation_operation(
-            ctx, "export", conversation_id, scope, authorization, x_sessionmem_user_capability, traceparent
-        ) as operation:
-            result = await ctx.store.read_all(operation.key)
-            operation.span.entries, operation.span.version = len(result.raw_entries), result.version
-            scope_used = operation.scope
-            body = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":%s}' % (
-                orjson.dumps(conversation_id),
-                scope_used.encode(),
-                result.version,
-                result.entries_json(),
+async def list_conversations(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
+    cursor = int(p["cursor"])
+    if cursor >= 2**64:
+        raise InvalidRequest("cursor is not one this server returned")
+    with ctx.tracer.span("list", "", p["traceparent"]) as span:
+        identity = await identify(ctx, p["authorization"])
+        key_prefix, scope_used = await ctx.keys.resolve_prefix(identity, p["scope"], p["capability"])
+        keys, next_cursor = await _conversations_under(ctx, key_prefix, cursor, p["limit"], direct_only=True)
+        span.scope, span.entries = scope_used, len(keys)
+        return model_reply(
+            wire.ConversationList(
+                conversations=[wire.ConversationRef(conversationId=k[len(key_prefix) :]) for k in sorted(keys)],
+                nextCursor=str(next_cursor) if next_cursor else None,
             )
-            return Response(content=body, media_type=JSON)
+        )
 
-    @app.get(
-        f"{prefix}/conversations/{{conversation_id:path}}",
-        response_model=wire.ConversationInfo,
-        tags=["lifecycle"],
-        summary="Whether a conversation exists, its version, size and remaining TTL",
-    )
-    async def info(
-        ctx: Ctx,
-        conversation_id: ConversationIdPath,
-        scope: ScopeQuery = Scope.SESSION,
-        authorization: AuthHeader = None,
-        traceparent: TraceHeader = None,
-        x_sessionmem_user_capability: CapabilityHeader = None,
-    ) -> Response:
-        async with conversation_operation(
-            ctx, "info", conversation_id, scope, authorization, x_sessionmem_user_capability, traceparent
-        ) as operation:
-            length, version, ttl = await ctx.store.info(operation.key)
-            operation.span.entries, operation.span.version = length, version
-            scope_used = operation.scope
-            return _json(
-                wire.ConversationInfo(
-                    conversationId=conversation_id,
-                    scope=scope_used,
-                    exists=length > 0,
-                    version=version,
-                    entries=length,
-                    ttlSeconds=ttl,
-                )
-            )
 
-    @app.get(
-        f"{prefix}/conversations",
-        response_model=wire.ConversationList,
-        tags=["lifecycle"],
-        summary="List the caller's conversations (paginated)",
-    )
-    async def list_conversations(
-        ctx: Ctx,
-        limit: Annotated[
-            int, Query(ge=1, le=500, description="Page size hint (Valkey SCAN): a page may hold a few more or fewer")
-        ] = 50,
-        cursor: Annotated[str, Query(pattern=r"^[0-9]{1,20}$")] = "0",
-        scope: ScopeQuery = Scope.SESSION,
-        authorization: AuthHeader = None,
-        traceparent: TraceHeader = None,
-        x_sessionmem_user_capability: CapabilityHeader = None,
-    ) -> Response:
-        if int(cursor) >= 2**64:
-            raise InvalidRequest("cursor is not one this server returned")
-        with ctx.tracer.span("list", "", traceparent) as span:
-            identity = await identify(ctx, authorization)
-            key_prefix, scope_used = await ctx.keys.resolve_prefix(identity, scope, x_sessionmem_user_capability)
-            keys, next_cursor = await _conversations_under(ctx, key_prefix, int(cursor), limit, direct_only=True)
-            span.scope, span.entries = scope_used, len(keys)
-            return _json(
-                wire.ConversationList(
-                    conversations=[wire.ConversationRef(conversationId=k[len(key_prefix) :]) for k in sorted(keys)],
-                    nextCursor=str(next_cursor) if next_cursor else None,
-                )
-            )
+async def clear_all(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
+    if not p["confirm"]:
+        raise InvalidRequest("clearing every conversation needs confirm=true")
+    with ctx.tracer.span("clear", "", p["traceparent"]) as span:
+        identity = await identify(ctx, p["authorization"])
+        removed, entries = await _delete_all(ctx, session_prefix(identity.owner))
+        span.scope, span.entries = Scope.SESSION.value, entries
+        return model_reply(wire.ClearResponse(conversations=len(removed), entries=entries))
 
-    @app.delete(
-        f"{prefix}/conversations",
-        response_model=wire.ClearResponse,
-        tags=["lifecycle"],
-        summary="Erase all of the agent's private conversations, per-user ones included (confirm=true)",
-    )
-    async def clear_all(
-        ctx: Ctx,
-        confirm: Annotated[bool, Query(description="Must be true: this erases every private conversation")] = False,
-        authorization: AuthHeader = None,
-        traceparent: TraceHeader = None,
-    ) -> Response:
-        if not confirm:
-            raise InvalidRequest("clearing every conversation needs confirm=true")
-        with ctx.tracer.span("clear", "", traceparent) as span:
-            identity = await identify(ctx, authorization)
-            removed, entries = await _delete_all(ctx, session_prefix(identity.owner))
-            span.scope, span.entries = Scope.SESSION.value, entries
-            return _json(wire.ClearResponse(conversations=len(removed), entries=entries))
 
-    @app.delete(
-        api.USER_CONVERSATIONS_PATH,
-        response_model=wire.UserErasure,
-        tags=["lifecycle"],
-        summary="Erase everything of the end user named by the capability, across the agent's conversations",
-    )
-    async def erase_user(
-        ctx: Ctx,
-        authorization: AuthHeader = None,
-        traceparent: TraceHeader = None,
-        x_sessionmem_user_capability: CapabilityHeader = None,
-    ) -> Response:
-        with ctx.tracer.span("erase_user", "", traceparent) as span:
-            identity = await identify(ctx, authorization)
-            user_prefix = ctx.keys.user_prefix(identity, x_sessionmem_user_capability)
-            removed, entries = await _delete_all(ctx, user_prefix)
-            span.scope, span.entries = Scope.SESSION.value, entries
-            ids = sorted(k[len(user_prefix) :] for k in removed)
-            return _json(wire.UserErasure(conversations=ids, entries=entries))
+async def erase_user(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
+    with ctx.tracer.span("erase_user", "", p["traceparent"]) as span:
+        identity = await identify(ctx, p["authorization"])
+        user_prefix = ctx.keys.user_prefix(identity, p["capability"])
+        removed, entries = await _delete_all(ctx, user_prefix)
+        span.scope, span.entries = Scope.SESSION.value, entries
+        ids = sorted(k[len(user_prefix) :] for k in removed)
+        return model_reply(wire.UserErasure(conversations=ids, entries=entries))

@@ -1,49 +1,111 @@
-"""ASGI middleware that refuses request bodies over the limit before they are buffered."""
+"""The serving limits the app enforces itself, with typed answers (docs/limits.md says which layer
+enforces which limit: the HTTP server, granian/hyper, bounds the head's bytes and the time to read it).
+"""
 
 from __future__ import annotations
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
 
-from sessionmem_core.errors import PayloadTooLarge
+from sessionmem_core.env import ProxySettings
+from sessionmem_core.errors import HeadersTooLarge, PayloadTooLarge, RequestTimeout, UriTooLong
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 
-class BodySizeLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived: nobody to answer."""
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                if value.isdigit() and int(value) > self.max_bytes:
-                    await _reject(send, self.max_bytes)
-                    return
-                break
+
+@dataclass(frozen=True, slots=True)
+class ServingLimits:
+    max_header_bytes: int
+    max_header_count: int
+    max_url_bytes: int
+    max_body_bytes: int
+    body_timeout_seconds: float
+    max_in_flight: int
+    # A streamed answer the client stops reading is cut off after this long without progress.
+    stall_timeout_seconds: float
+
+    @classmethod
+    def from_settings(cls, settings: ProxySettings) -> ServingLimits:
+        return cls(
+            max_header_bytes=settings.max_header_bytes,
+            max_header_count=settings.max_header_count,
+            max_url_bytes=settings.max_url_bytes,
+            max_body_bytes=settings.max_body_bytes,
+            body_timeout_seconds=settings.body_timeout_seconds,
+            max_in_flight=settings.max_connections,
+            stall_timeout_seconds=settings.idle_timeout_seconds,
+        )
+
+    def check_head(self, raw_path: bytes, query: bytes, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        """414 for a URL over the limit, 431 for too many header fields or too many header bytes."""
+        if len(raw_path) + len(query) + (1 if query else 0) > self.max_url_bytes:
+            raise UriTooLong(f"the request target exceeds {self.max_url_bytes} bytes")
+        count = size = 0
+        for name, value in headers:
+            count += 1
+            size += len(name) + len(value) + 4  # "name: value\r\n"
+        if count > self.max_header_count:
+            raise HeadersTooLarge(f"more than {self.max_header_count} header fields")
+        if size > self.max_header_bytes:
+            raise HeadersTooLarge(f"header fields exceed {self.max_header_bytes} bytes")
+
+    async def read_body(self, receive: Receive, content_length: str | None) -> bytes:
+        """The whole body, counted while it streams in; 413 over the limit, 408 when the body timeout
+        passes first.
+
+        Over the limit (declared or counted), nothing more is kept, but what the client is still sending
+        is read and dropped, up to as much again and within the body timeout: closing on unread bytes
+        makes the kernel reset the connection, and a client still uploading would then never read its
+        413. Memory stays bounded by the limit; time by the body timeout."""
+        limit = self.max_body_bytes
+        declared = content_length is not None and content_length.isascii() and content_length.isdigit()
+        too_large = declared and int(content_length or 0) > limit
+        chunks: list[bytes] = []
         received = 0
-        limit = self.max_bytes
+        try:
+            async with asyncio.timeout(self.body_timeout_seconds):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise ClientGone
+                    chunk = message.get("body", b"")
+                    received += len(chunk)
+                    too_large = too_large or received > limit
+                    if not too_large:
+                        chunks.append(chunk)
+                    elif received > 2 * limit:
+                        break
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError as exc:
+            if not too_large:
+                raise RequestTimeout(f"request body not received within {self.body_timeout_seconds:g} s") from exc
+        if too_large:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        return b"".join(chunks)
 
-        async def counting_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-            return message
 
-        await self.app(scope, counting_receive, send)
+class InFlight:
+    """Counts the requests a worker is serving; ``enter`` says False when it already serves its maximum
+    (the caller answers 503 without reading the request)."""
 
+    __slots__ = ("count", "maximum")
 
-async def _reject(send: Send, limit: int) -> None:
-    body = PayloadTooLarge(f"request body exceeds {limit} bytes").body()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    def __init__(self, maximum: int) -> None:
+        self.maximum = maximum
+        self.count = 0
+
+    def enter(self) -> bool:
+        if self.count >= self.maximum:
+            return False
+        self.count += 1
+        return True
+
+    def leave(self) -> None:
+        self.count -= 1

@@ -197,8 +197,8 @@ def test_too_many_headers_long_urls_and_big_bodies_are_typed_refusals(launcher_p
             declared = client.post(f"{base}/v1/conversations/c1/entries", content=b"x" * (MAX_BODY + 1))
             streamed = client.post(f"{base}/v1/conversations/c1/entries", content=iter([b"x" * MAX_BODY, b"x"]))
             for response, status, error in (
-                (headers, 431, "header_fields_too_large"),
-                (url, 414, "url_too_long"),
+                (headers, 431, "headers_too_large"),
+                (url, 414, "uri_too_long"),
                 (declared, 413, "payload_too_large"),
                 (streamed, 413, "payload_too_large"),
             ):

@@ -1,0 +1,267 @@
+"""The proxy's one route table: every operation declared once, as (method, path, parameters, handler,
+request model, response model, statuses). The app (``sessionmem_proxy.app``) serves requests from it and
+``sessionmem_proxy.openapi`` documents it; nothing else lists routes.
+
+Paths are matched on the raw (still percent-encoded) request path, so a ``%2F`` inside an id never becomes
+a path separator; the conversation id is then decoded once, by ``sessionmem_core.api.decode_path_segment``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from sessionmem_core import api, wire
+from sessionmem_core.errors import MethodNotAllowed, NotFound
+from sessionmem_proxy import hot, lifecycle, params
+from sessionmem_proxy.context import ProxyContext
+from sessionmem_proxy.params import Param
+from sessionmem_proxy.replies import Reply, StreamReply, json_reply, text_reply
+
+Handler = Callable[[ProxyContext, dict[str, Any], BaseModel | None], Awaitable[Reply | StreamReply]]
+
+# Statuses any request may get from the serving limits (sessionmem_proxy.limits, docs/limits.md): a URL
+# or a head over its limit; and a counted route, from a worker already serving its maximum of requests.
+SERVING_STATUSES = frozenset({414, 431})
+OVERLOADED_STATUS = 503
+# An operation on behalf of a verified caller: a refused parameter or id, no or a bad token, a token that
+# is not an agent's, the identity service or the backend unreachable.
+CALLER_STATUSES = frozenset({400, 401, 403, 429, 503})
+# A request that stores: over the agent's storage quota.
+STORE_STATUSES = frozenset({507})
+# A request with a body: over the body limit, or not arrived within the body timeout.
+BODY_STATUSES = frozenset({400, 408, 413})
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    op: str
+    method: str
+    path: str
+    params: tuple[Param, ...]
+    handler: Handler
+    response: type[BaseModel] | None
+    statuses: frozenset[int]
+    summary: str
+    tag: str
+    request: type[BaseModel] | None = None
+    content_type: str = "application/json"
+    # Counted against the worker's request limit. Liveness is not: a kubelet would restart a pod whose
+    # worker is merely busy.
+    counted: bool = True
+
+    @property
+    def all_statuses(self) -> frozenset[int]:
+        overload = {OVERLOADED_STATUS} if self.counted else set()
+        return self.statuses | SERVING_STATUSES | overload | {200}
+
+
+async def _healthz(_ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
+    return json_reply(b'{"status":"ok"}')
+
+
+async def _readyz(ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
+    await ctx.store.ping()
+    return json_reply(b'{"status":"ready"}')
+
+
+async def _metrics(ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
+    return text_reply(ctx.metrics.render().encode(), b"text/plain; version=0.0.4")
+
+
+async def _openapi(_ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
+    from sessionmem_proxy.openapi import document_bytes  # the document is built from this table
+
+    return json_reply(document_bytes())
+
+
+_ID = "{conversationId}"
+_ONE = f"{api.API_PREFIX}/conversations/{_ID}"
+_LIST_LIMIT = params.integer(
+    "limit", "limit", 50, 1, 500, "Page size hint (Valkey SCAN): a page may hold more or fewer"
+)
+_CURSOR = params.text("cursor", "cursor", default="0", min_length=1, max_length=20, pattern="[0-9]{1,20}")
+_SEARCH_Q = params.text("q", "q", min_length=1, max_length=1024, description="Words to look for")
+_SEARCH_LIMIT = params.integer("limit", "limit", 10, 1, 100, "At most this many matches")
+_CONFIRM = params.boolean("confirm", False, "Must be true: this erases every private conversation")
+
+ROUTES: tuple[Route, ...] = (
+    Route("healthz", "GET", "/healthz", (), _healthz, wire.Health, frozenset(), "Liveness", "health", counted=False),
+    Route("readyz", "GET", "/readyz", (), _readyz, wire.Health, frozenset({503}), "Readiness (Valkey)", "health"),
+    Route(
+        "metrics",
+        "GET",
+        "/metrics",
+        (),
+        _metrics,
+        None,
+        frozenset(),
+        "Prometheus metrics",
+        "health",
+        content_type="text/plain",
+    ),
+    Route("openapi", "GET", "/openapi.json", (), _openapi, None, frozenset(), "This document", "health"),
+    Route(
+        "get",
+        "GET",
+        f"{_ONE}/entries",
+        (*params.CONVERSATION, params.READ_LIMIT, params.SUMMARY),
+        hot.read_entries,
+        wire.History,
+        CALLER_STATUSES,
+        "Read the last entries of a conversation",
+        "memory",
+    ),
+    Route(
+        "append",
+        "POST",
+        f"{_ONE}/entries",
+        (*params.CONVERSATION, *params.WRITE),
+        hot.append_entries,
+        wire.AppendResponse,
+        CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES,
+        "Append a batch (normally one user/assistant exchange) atomically",
+        "memory",
+        request=wire.AppendRequest,
+    ),
+    Route(
+        "search",
+        "GET",
+        f"{_ONE}/search",
+        (*params.CONVERSATION, _SEARCH_Q, _SEARCH_LIMIT),
+        lifecycle.search,
+        wire.SearchResponse,
+        CALLER_STATUSES,
+        "Keyword search within one conversation",
+        "memory",
+    ),
+    Route(
+        "export",
+        "GET",
+        f"{_ONE}/export",
+        params.CONVERSATION,
+        lifecycle.export,
+        wire.History,
+        CALLER_STATUSES,
+        "Export a whole conversation (streamed)",
+        "lifecycle",
+    ),
+    Route(
+        "info",
+        "GET",
+        _ONE,
+        params.CONVERSATION,
+        lifecycle.info,
+        wire.ConversationInfo,
+        CALLER_STATUSES,
+        "Whether a conversation exists, its version, size and remaining TTL",
+        "lifecycle",
+    ),
+    Route(
+        "replace",
+        "PUT",
+        _ONE,
+        (*params.CONVERSATION, *params.WRITE, params.IF_MATCH),
+        lifecycle.replace,
+        wire.ReplaceResponse,
+        CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {412},
+        "Replace (seed) a conversation, conditional on its version",
+        "memory",
+        request=wire.ReplaceRequest,
+    ),
+    Route(
+        "delete",
+        "DELETE",
+        _ONE,
+        params.CONVERSATION,
+        lifecycle.delete,
+        wire.DeleteResponse,
+        CALLER_STATUSES,
+        "Erase a conversation",
+        "memory",
+    ),
+    Route(
+        "list",
+        "GET",
+        api.CONVERSATIONS_PATH,
+        (_LIST_LIMIT, _CURSOR, params.SCOPE, *params.CALLER, params.CAPABILITY),
+        lifecycle.list_conversations,
+        wire.ConversationList,
+        CALLER_STATUSES,
+        "List the caller's conversations (paginated)",
+        "lifecycle",
+    ),
+    Route(
+        "clear",
+        "DELETE",
+        api.CONVERSATIONS_PATH,
+        (_CONFIRM, *params.CALLER),
+        lifecycle.clear_all,
+        wire.ClearResponse,
+        CALLER_STATUSES,
+        "Erase all of the agent's private conversations, per-user ones included (confirm=true)",
+        "lifecycle",
+    ),
+    Route(
+        "erase_user",
+        "DELETE",
+        api.USER_CONVERSATIONS_PATH,
+        (*params.CALLER, params.CAPABILITY),
+        lifecycle.erase_user,
+        wire.UserErasure,
+        CALLER_STATUSES,
+        "Erase everything of the end user named by the capability, across the agent's conversations",
+        "lifecycle",
+    ),
+)
+
+_CONVERSATIONS = f"{api.API_PREFIX}/conversations/".encode()
+
+
+class RouteTable:
+    """Finds the route of a (method, raw path); raises a typed 404 or 405 (with the allowed methods)."""
+
+    def __init__(self, routes: tuple[Route, ...] = ROUTES) -> None:
+        self.routes = routes
+        self._fixed: dict[bytes, dict[str, Route]] = {}
+        self._conversation: dict[bytes, dict[str, Route]] = {}
+        for route in routes:
+            if route.path.startswith(_ONE):
+                suffix = route.path[len(_ONE) :].lstrip("/").encode()
+                self._conversation.setdefault(suffix, {})[route.method] = route
+            else:
+                self._fixed.setdefault(route.path.encode(), {})[route.method] = route
+        self._suffixes = [suffix for suffix in self._conversation if suffix]
+
+    def match(self, method: str, raw_path: bytes) -> tuple[Route, Mapping[str, str]]:
+        fixed = self._fixed.get(raw_path)
+        if fixed is not None:
+            return _by_method(fixed, method), {}
+        if not raw_path.startswith(_CONVERSATIONS):
+            raise NotFound(f"no route {raw_path.decode('latin-1')}")
+        rest = raw_path[len(_CONVERSATIONS) :]
+        suffix = b""
+        for candidate in self._suffixes:
+            if rest.endswith(b"/" + candidate):
+                suffix, rest = candidate, rest[: -len(candidate) - 1]
+                break
+        route = _by_method(self._conversation[suffix], method)
+        return route, {params.CONVERSATION_ID.name: api.decode_path_segment(rest)}
+
+
+class NotAllowedHere(MethodNotAllowed):
+    """A 405 that knows which methods the path allows (its ``Allow`` header)."""
+
+    def __init__(self, method: str, allowed: list[str]) -> None:
+        self.allow = ", ".join(allowed)
+        super().__init__(f"{method} is not allowed here; allowed: {self.allow}")
+
+
+def _by_method(routes: dict[str, Route], method: str) -> Route:
+    route = routes.get(method)
+    if route is None:
+        raise NotAllowedHere(method, sorted(routes))
+    return route

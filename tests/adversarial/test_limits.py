@@ -1,0 +1,183 @@
+"""Hostile clients against the real proxy process: every serving limit answers with its typed status (or
+closes the connection) in bounded time and memory, while other clients are still served."""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+import time
+
+import httpx
+
+from sessionmem_core import env
+from tests.adversarial.conftest import BODY_TIMEOUT_SECONDS, HEAD_TIMEOUT_SECONDS, MAX_IN_FLIGHT
+from tests.adversarial.rawhttp import (
+    closed_within,
+    connect,
+    memory_kib,
+    read_answer,
+    request,
+    worker_pid,
+)
+from tests.support.processes import ServiceProcess
+
+# Slack for scheduling on a loaded machine: a timeout must fire, not fire to the millisecond.
+SLACK_SECONDS = 3.0
+FLOOD_BYTES = 32 * 1024 * 1024
+
+
+def _healthy(proxy: ServiceProcess) -> bool:
+    return httpx.get(proxy.health_url, timeout=5).status_code == 200
+
+
+def test_a_header_flood_is_refused_without_growing_the_worker(proxy: ServiceProcess) -> None:
+    worker = worker_pid(proxy.pid)
+    assert _healthy(proxy)
+    before = memory_kib(worker)
+    sent = 0
+    with connect(proxy.port) as sock:
+        sock.sendall(b"GET /v1/conversations/flood/entries HTTP/1.1\r\nHost: x\r\n")
+        line = b"X-Flood: " + b"a" * 8183 + b"\r\n"
+        try:
+            while sent < FLOOD_BYTES:
+                sock.sendall(line)
+                sent += len(line)
+        except OSError:
+            pass  # the server stopped reading and closed: what a flood should get
+        stream = sock.makefile("rb")
+        try:
+            answer = read_answer(stream)
+        except (ConnectionError, OSError):
+            answer = None
+    assert answer is None or answer.status == 431, answer
+    assert sent < FLOOD_BYTES, "the server kept reading a 32 MiB head"
+    growth_kib = memory_kib(worker) - before
+    assert growth_kib < 16 * 1024, f"worker RSS grew {growth_kib} KiB"
+    assert _healthy(proxy)
+
+
+def test_too_many_header_fields_is_a_typed_431(proxy: ServiceProcess) -> None:
+    headers = {f"X-Field-{i}": "x" for i in range(env.DEFAULT_MAX_HEADER_COUNT)}
+    with connect(proxy.port) as sock:
+        sock.sendall(request("GET", "/v1/conversations/c/entries", headers=headers))
+        answer = read_answer(sock.makefile("rb"))
+    assert answer.status == 431 and answer.error_type == "headers_too_large"
+
+
+def test_slowloris_and_idle_connections_are_closed_while_others_are_served(proxy: ServiceProcess) -> None:
+    trickling = connect(proxy.port)
+    idle = connect(proxy.port)
+    idle.sendall(request("GET", "/healthz"))
+    assert read_answer(idle.makefile("rb")).status == 200
+    stop = threading.Event()
+
+    def trickle() -> None:
+        try:
+            trickling.sendall(b"GET /v1/conversations/slow/entries HTTP/1.1\r\n")
+            while not stop.wait(0.2):
+                trickling.sendall(b"X: y\r\n")
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        served = httpx.get(proxy.health_url, timeout=5)
+        assert served.status_code == 200, "another client is served while the slow ones hang on"
+        limit = HEAD_TIMEOUT_SECONDS + SLACK_SECONDS
+        slow_closed = closed_within(trickling, limit)
+        idle_closed = closed_within(idle, limit)
+    finally:
+        stop.set()
+        thread.join(5)
+        trickling.close()
+        idle.close()
+    assert slow_closed is not None, f"a trickled head was still open after {limit} s"
+    assert idle_closed is not None, f"an idle keep-alive connection was still open after {limit} s"
+    assert _healthy(proxy)
+
+
+def test_a_url_over_the_limit_is_a_typed_414(proxy: ServiceProcess) -> None:
+    target = "/v1/conversations/c/entries?q=" + "x" * env.DEFAULT_MAX_URL_BYTES
+    with connect(proxy.port) as sock:
+        sock.sendall(request("GET", target))
+        answer = read_answer(sock.makefile("rb"))
+    assert answer.status == 414 and answer.error_type == "uri_too_long"
+
+
+def test_a_body_over_the_limit_is_a_typed_413_declared_or_streamed(proxy: ServiceProcess) -> None:
+    declared = b"POST /v1/conversations/big/entries HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (
+        env.MAX_BODY_BYTES + 1
+    )
+    with connect(proxy.port) as sock:
+        sock.sendall(declared)  # and never the body: answered by the body timeout at the latest
+        started = time.monotonic()
+        answer = read_answer(sock.makefile("rb"))
+        waited = time.monotonic() - started
+    assert answer.status == 413 and answer.error_type == "payload_too_large"
+    assert waited < BODY_TIMEOUT_SECONDS + SLACK_SECONDS
+
+    chunk = b"a" * 65536
+    with connect(proxy.port) as sock:
+        sock.sendall(b"POST /v1/conversations/big/entries HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        try:
+            for _ in range(env.MAX_BODY_BYTES // len(chunk) + 8):
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        except OSError:
+            pass
+        answer = read_answer(sock.makefile("rb"))
+    assert answer.status == 413 and answer.error_type == "payload_too_large"
+
+
+def test_a_body_that_does_not_arrive_in_time_is_a_typed_408(proxy: ServiceProcess) -> None:
+    with connect(proxy.port) as sock:
+        sock.sendall(request("POST", "/v1/conversations/late/entries", body=b'{"entries":')[:-1])
+        started = time.monotonic()
+        answer = read_answer(sock.makefile("rb"))
+        waited = time.monotonic() - started
+    assert answer.status == 408 and answer.error_type == "request_timeout"
+    assert waited < BODY_TIMEOUT_SECONDS + SLACK_SECONDS
+
+
+def test_a_body_trickled_byte_by_byte_is_cut_off_at_the_body_timeout(proxy: ServiceProcess) -> None:
+    """Every byte arrives well within any per-read timeout, but the whole body does not arrive in time."""
+    body = b'{"entries":[{"role":"user","content":"' + b"x" * 200 + b'"}]}'
+    with connect(proxy.port) as sock:
+        sock.sendall(request("POST", "/v1/conversations/trickle/entries", body=body)[: -len(body)])
+        started = time.monotonic()
+        sent = 0
+        with contextlib.suppress(OSError):
+            for byte in body:
+                sock.sendall(bytes([byte]))
+                sent += 1
+                readable, _, _ = select.select([sock], [], [], 0.1)
+                if readable:
+                    break
+        answer = read_answer(sock.makefile("rb"))
+        waited = time.monotonic() - started
+    assert answer.status == 408 and answer.error_type == "request_timeout"
+    assert sent < len(body) and waited < BODY_TIMEOUT_SECONDS + SLACK_SECONDS
+
+
+def test_requests_over_the_worker_limit_are_a_typed_503_then_served_again(proxy: ServiceProcess) -> None:
+    # Requests whose body never comes stay in flight until the body timeout: one more than the worker
+    # takes, and nothing else running, so exactly one of them must be refused at once.
+    holders: list[socket.socket] = []
+    try:
+        for i in range(MAX_IN_FLIGHT + 1):
+            sock = connect(proxy.port)
+            sock.sendall(request("POST", f"/v1/conversations/hold{i}/entries", body=b"{" + b" " * 99)[:-50])
+            holders.append(sock)
+        assert _healthy(proxy), "liveness is answered even when the worker is full"
+        answers = [read_answer(sock.makefile("rb")) for sock in holders]
+    finally:
+        for sock in holders:
+            sock.close()
+    assert sorted(a.status for a in answers) == [408] * MAX_IN_FLIGHT + [503]
+    assert [a.error_type for a in answers if a.status == 503] == ["overloaded"]
+    assert _healthy(proxy)
+    with connect(proxy.port) as sock:
+        sock.sendall(request("GET", "/v1/conversations/c/entries"))
+        assert read_answer(sock.makefile("rb")).status == 200, "served again once the slots are free"
