@@ -26,7 +26,7 @@ lint: $(STAMP)
 	@$(VENV)/bin/ruff format --check .
 
 typecheck: $(STAMP)
-	@$(VENV)/bin/mypy core proxy launcher operator demo client tests bench
+	@$(VENV)/bin/mypy core infra proxy launcher operator demo client tests bench
 
 unit: $(STAMP)
 	@$(PY) -m pytest -m "not integration"

@@ -1,6 +1,6 @@
 """What the benchmark stores and reads: a chat exchange of realistic size, and the seeded conversations.
 
-Seeding goes through the project's own store (``sessionmem_core.store.ConversationStore``) and key layout
+Seeding goes through the project's own store (``sessionmem_proxy.store.ConversationStore``) and key layout
 (``sessionmem_core.keys``), so the entries the proxy reads back are exactly the ones it would have written.
 """
 
@@ -15,8 +15,8 @@ import orjson
 from bench.procs import DEV_AGENT, DEV_NAMESPACE
 from sessionmem_core import env
 from sessionmem_core.keys import Owner, session_key
-from sessionmem_core.store import ConversationStore, NewEntry
-from sessionmem_core.valkey_client import connect
+from sessionmem_proxy.store import ConversationStore, NewEntry
+from sessionmem_proxy.valkey_client import connect
 
 # One exchange: a short question and a few sentences of answer (~90 and ~270 characters).
 USER_TEXT = "Hi, I ordered the blue running shoes last week (order 4471). Can I still change the size to 43?"

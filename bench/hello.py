@@ -110,7 +110,7 @@ def create_app() -> FastAPI:
     # client, RespClient for a standalone URL): the ceiling of a FastAPI proxy in front of Valkey.
     valkey_url = os.environ.get("BENCH_VALKEY_URL")
     if valkey_url:
-        from sessionmem_core.valkey_client import connect
+        from sessionmem_proxy.valkey_client import connect
 
         client: Any = connect(valkey_url, 1.0)
         key = os.environ.get("BENCH_VALKEY_KEY", "bench:ceiling:read:000000000000")

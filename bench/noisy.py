@@ -29,7 +29,7 @@ import orjson
 
 from bench.procs import REPO, HttpService, Valkey, base_env, free_port
 from sessionmem_core import api, env
-from sessionmem_proxy.identity import dev_token
+from sessionmem_core.devauth import dev_token
 
 VICTIM = ("bench", "victim")
 NOISY = ("bench", "noisy")

@@ -29,7 +29,7 @@ DEV_AGENT = "agent"
 
 def bench_token() -> str:
     """The credential of the proxy's explicit dev auth mode (see sessionmem_proxy.identity.dev_token)."""
-    from sessionmem_proxy.identity import dev_token
+    from sessionmem_core.devauth import dev_token
 
     return dev_token(DEV_NAMESPACE, DEV_AGENT)
 
@@ -337,13 +337,6 @@ def hello(workers: int, app: str = "bench.hello:create_app", env: Mapping[str, s
         "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning",
     ]  # fmt: skip
     return HttpService(f"hello-w{workers}", argv, env or {}, port, health="/healthz")
-
-
-def hello_direct() -> HttpService:
-    """Context for the ceiling: a hello world on the proxy's own server (``bench.hello_direct``)."""
-    port = free_port()
-    argv = [sys.executable, "-m", "bench.hello_direct", "--port", str(port)]
-    return HttpService("hello-direct", argv, {}, port, health="/healthz")
 
 
 def launcher(proxy_port: int, token_file: Path) -> HttpService:

@@ -131,7 +131,6 @@ def derive(results: dict[str, Any], baseline: dict[str, Any] | None = None) -> d
         "proxy_read_w2_vs_w1_machine_bound": machine_bound_w2("proxy.w2.read.c64", "proxy.w1.read.c64"),
         "proxy_read_w2_vs_w1_cpu": _ratio(cpu("proxy.w1.read.c64", "proxy-w1"), cpu("proxy.w2.read.c64", "proxy-w2")),
         "hello_w2_vs_w1": _ratio(rps("hello.w2.c64"), rps("hello.w1.c64")),
-        "proxy_read_vs_hello_direct_w1": _ratio(rps("proxy.w1.read.c64"), rps("hello_direct.w1.c64")),
         "full_read_vs_proxy_w2": _ratio(rps("full.read.c64"), rps("proxy.w2.read.c64")),
         "launcher_hop_read_p50_ms": _diff(p50("full.read.c1"), p50("proxy.w1.read.c1")),
         "launcher_hop_append_p50_ms": _diff(p50("full.append.c1"), p50("proxy.w1.append.c1")),
@@ -385,10 +384,6 @@ DERIVED_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     ),
     "proxy_read_w2_vs_w1_cpu": (
         "proxy read, CPU per request, 1 worker / 2 workers (1.0 = a second worker costs nothing extra)",
-        lambda v: f"{v:.2f}x",
-    ),
-    "proxy_read_vs_hello_direct_w1": (
-        "proxy read / hello world on the proxy's own server, 1 worker (context, not a target)",
         lambda v: f"{v:.2f}x",
     ),
     "full_read_vs_proxy_w2": ("full path read / proxy read (2 workers), 64 conns", lambda v: f"{v:.2f}x"),

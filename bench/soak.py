@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sessionmem_core.store import ConversationStore, NewEntry
-from sessionmem_core.valkey_client import connect
+from sessionmem_proxy.store import ConversationStore, NewEntry
+from sessionmem_proxy.valkey_client import connect
 from tests.faults.load import LoadResult, MixedLoad, Outcome, lost_acknowledged
 from tests.faults.stack import AOF_ALWAYS, AOF_EVERYSEC, AUTH, LOAD_CAP, Stack, running_stack
 

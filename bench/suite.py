@@ -20,7 +20,6 @@ from bench.procs import (
     Valkey,
     bench_authorization,
     hello,
-    hello_direct,
     launcher,
     machine_busy_seconds,
     proxy,
@@ -285,9 +284,6 @@ class Suite:
                             [svc],
                             tool="pyload",
                         )
-        with self.service(hello_direct()) as svc:
-            label = "hello world on the proxy's server (routed handler), 1 worker, 64 conns"
-            self.http("hello_direct.w1.c64", label, svc.port, ["/hello"], self.s.connections, [svc])
 
     def _read_paths(self, prefix: str) -> list[str]:
         return [f"{api.entries_path(c)}?limit={data.READ_LIMIT}" for c in data.conversation_ids(prefix)]

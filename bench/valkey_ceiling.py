@@ -23,7 +23,7 @@ import valkey
 import valkey.asyncio as valkey_async
 
 from bench.data import ASSISTANT_TEXT, CAP, OWNER, READ_LIMIT, TTL_SECONDS, USER_TEXT
-from sessionmem_core.store import _APPEND, NewEntry, _entry_args
+from sessionmem_proxy.store import _APPEND, NewEntry, _entry_args
 
 _FIGURES = re.compile(r'"([0-9]+(?:\.[0-9]+)?)"')
 

@@ -13,10 +13,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from sessionmem_core import env
 from sessionmem_core.capability import new_key
+from sessionmem_core.devauth import dev_token
 from sessionmem_core.env import LauncherSettings
 from sessionmem_demo.agent import app as agent_app
 from sessionmem_launcher.server import Launcher, serve_in_background
-from sessionmem_proxy.identity import dev_token
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess, free_port
 

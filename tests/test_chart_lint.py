@@ -33,9 +33,9 @@ from valkey.exceptions import AuthenticationError, NoPermissionError, ResponseEr
 
 from sessionmem_core import api, env, kube
 from sessionmem_core.env import ProxySettings
-from sessionmem_core.store import ConversationStore, NewEntry, UsageLedger
-from sessionmem_core.valkey_client import cluster_seeds, connect
 from sessionmem_operator.config import OperatorConfig
+from sessionmem_proxy.store import ConversationStore, NewEntry, UsageLedger
+from sessionmem_proxy.valkey_client import cluster_seeds, connect
 from tests.support.valkey import valkey_server_binary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -859,7 +859,7 @@ def test_network_policies() -> None:
 
 
 def _store_commands() -> set[str]:
-    """Commands sessionmem_core.store sends: inside its Lua scripts, and the client calls it makes."""
+    """Commands sessionmem_proxy.store sends: inside its Lua scripts, and the client calls it makes."""
     source = STORE_SOURCE.read_text(encoding="utf-8")
     inside = {m.lower() for m in re.findall(r"redis\.call\('([A-Za-z]+)'", source)}
     direct = {m.lower() for m in re.findall(r"self\._client\.([a-z]+)\(", source)} - {"register_script"}
@@ -875,7 +875,7 @@ def _acl_commands(config_map: Doc) -> set[str]:
 def test_acl_allows_every_command_the_store_uses() -> None:
     config_map = find(render(), "ConfigMap", names()["valkey"])
     missing = _store_commands() - _acl_commands(config_map)
-    assert not missing, f"sessionmem_core.store uses {sorted(missing)}: allow them in templates/valkey/configmap.yaml"
+    assert not missing, f"sessionmem_proxy.store uses {sorted(missing)}: allow them in templates/valkey/configmap.yaml"
 
 
 class _Commands(Protocol):

@@ -13,8 +13,8 @@ import orjson
 import pytest
 import uvloop
 
-from sessionmem_core.http_client import BlockingHttpClient, HttpClient, HttpError, HttpTimeout
-from sessionmem_core.http_server import HttpServer
+from sessionmem_infra.http_client import BlockingHttpClient, HttpClient, HttpError, HttpTimeout
+from tests.support.http_server import HttpServer
 from tests.support.valkey import free_port
 
 

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from sessionmem_core import env
 from sessionmem_core.capability import mint_capability, new_key
+from sessionmem_core.devauth import dev_token
 from sessionmem_core.keys import Owner, matches_layout
 from sessionmem_launcher.server import Launcher
-from sessionmem_proxy.identity import dev_token
 from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sessionmem_core.devauth import dev_token
 from sessionmem_core.keys import Owner, session_key
 from sessionmem_launcher.server import Launcher
-from sessionmem_proxy.identity import dev_token
 from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess

@@ -14,11 +14,11 @@ import pytest
 
 from sessionmem_core import api, env
 from sessionmem_core.capability import mint_capability
+from sessionmem_core.devauth import dev_token
 from sessionmem_core.keys import Owner
 from sessionmem_operator.config import OperatorConfig
 from sessionmem_operator.spec import AgentSpec, MemorySpec
 from sessionmem_operator.wiring import resolve_memory
-from sessionmem_proxy.identity import dev_token
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess, free_port
 from tests.test_chart_lint import Doc, containers, find, names, plain_env, render

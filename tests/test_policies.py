@@ -161,7 +161,7 @@ async def test_redacted_personal_data_never_reaches_valkey(
 
 
 async def test_unknown_redactor_is_a_typed_400(proxy_process: ServiceProcess) -> None:
-    from sessionmem_proxy.identity import dev_token
+    from sessionmem_core.devauth import dev_token
 
     async with httpx.AsyncClient(base_url=proxy_process.base_url) as client:
         response = await client.post(
@@ -177,7 +177,7 @@ def test_erasing_a_user_leaves_other_users_intact_and_says_what_it_removed(
     capability_key: bytes,
     valkey_server: ValkeyProcess,
 ) -> None:
-    from sessionmem_proxy.identity import dev_token
+    from sessionmem_core.devauth import dev_token
 
     auth = {"Authorization": f"Bearer {dev_token('team-a', 'support-agent')}"}
 
@@ -203,7 +203,7 @@ def test_erasing_a_user_leaves_other_users_intact_and_says_what_it_removed(
 
 
 async def test_list_info_export_and_clear(proxy_process: ServiceProcess, valkey_server: ValkeyProcess) -> None:
-    from sessionmem_proxy.identity import dev_token
+    from sessionmem_core.devauth import dev_token
 
     auth = {"Authorization": f"Bearer {dev_token('team-a', 'support-agent')}"}
     other = {"Authorization": f"Bearer {dev_token('team-a', 'other-agent')}"}

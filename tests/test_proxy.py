@@ -10,8 +10,8 @@ import httpx
 import orjson
 import pytest
 
+from sessionmem_core.devauth import dev_token
 from sessionmem_core.keys import Owner, session_key, shared_key
-from sessionmem_proxy.identity import dev_token
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess
 

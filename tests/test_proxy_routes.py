@@ -15,10 +15,10 @@ from pydantic import BaseModel
 
 from sessionmem_core import api, env, wire
 from sessionmem_core.capability import mint_capability, new_key
+from sessionmem_core.devauth import dev_token
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.keys import Owner
 from sessionmem_proxy.app import ProxyApp, create_app
-from sessionmem_proxy.identity import dev_token
 from sessionmem_proxy.openapi import COMMITTED, document, document_bytes
 from sessionmem_proxy.routes import ROUTES, Route
 from tests.support.valkey import ValkeyProcess

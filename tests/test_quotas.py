@@ -13,14 +13,14 @@ import httpx
 import pytest
 
 from sessionmem_core import env
+from sessionmem_core.devauth import dev_token
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import RateLimited
 from sessionmem_core.keys import Owner, usage_keys
-from sessionmem_core.store import ConversationStore, UsageLedger
-from sessionmem_core.valkey_client import connect
 from sessionmem_proxy.app import create_app
-from sessionmem_proxy.identity import dev_token
 from sessionmem_proxy.quotas import DefaultLimits, QuotaLimits, Quotas
+from sessionmem_proxy.store import ConversationStore, UsageLedger
+from sessionmem_proxy.valkey_client import connect
 from tests.support.valkey import ValkeyProcess
 
 A = {"Authorization": f"Bearer {dev_token('team-a', 'greedy')}"}

@@ -12,8 +12,8 @@ import pytest
 import valkey
 
 from sessionmem_core.errors import BackendUnavailable
-from sessionmem_core.store import RETRY_WINDOW_BYTES, RETRY_WINDOW_ENTRIES, ConversationStore, NewEntry
-from sessionmem_core.valkey_client import connect
+from sessionmem_proxy.store import RETRY_WINDOW_BYTES, RETRY_WINDOW_ENTRIES, ConversationStore, NewEntry
+from sessionmem_proxy.valkey_client import connect
 from tests.support.valkey import ValkeyProcess
 
 AUTHOR = "team-a/agent"

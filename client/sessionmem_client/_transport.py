@@ -1,5 +1,5 @@
 """How the clients send a :class:`~sessionmem_client._requests.Request`: by default over sessionmem's own
-keep-alive HTTP/1.1 client (``sessionmem_core.http_client``), or over httpx pieces the caller brings.
+keep-alive HTTP/1.1 client (``sessionmem_infra.http_client``), or over httpx pieces the caller brings.
 
 The default matters because every agent turn pays two memory calls: httpx costs about 0.4 ms of CPU per
 call to the launcher on this kind of machine, more than the launcher, the proxy and Valkey together.
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sessionmem_client._requests import CallOptions, Reply, Request, unreachable
 from sessionmem_core.api import query_string
 from sessionmem_core.errors import InvalidRequest
-from sessionmem_core.http_client import BlockingHttpClient, HttpClient
+from sessionmem_infra.http_client import BlockingHttpClient, HttpClient
 
 if TYPE_CHECKING:
     import httpx

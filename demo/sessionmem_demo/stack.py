@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from sessionmem_core import api, env
-from sessionmem_proxy.identity import dev_token
+from sessionmem_core.devauth import dev_token
 
 NAMESPACE, AGENT, CONVERSATION = "demo", "support-agent", "demo-conversation-1"
 

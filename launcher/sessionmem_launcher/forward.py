@@ -21,9 +21,9 @@ import orjson
 from sessionmem_core import api
 from sessionmem_core.env import PROXY_URL, ConfigError, LauncherSettings
 from sessionmem_core.errors import BackendUnavailable, InvalidRequest, SessionMemError, UserCapabilityRequired
-from sessionmem_core.http_client import HttpClient, HttpResponse
 from sessionmem_core.ids import validate_conversation_id
-from sessionmem_core.telemetry import MemoryTracer, inject_traceparent
+from sessionmem_infra.http_client import HttpClient, HttpResponse
+from sessionmem_infra.telemetry import MemoryTracer, inject_traceparent
 
 # Query parameters set from the pod's configuration on every call; an agent's values for them are dropped.
 POD_PARAMS = frozenset({api.SCOPE_PARAM, api.CAP_PARAM, api.TTL_PARAM, api.REDACT_PARAM})

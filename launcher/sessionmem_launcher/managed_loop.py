@@ -21,8 +21,8 @@ from granian.rsgi import Scope
 from sessionmem_core import api
 from sessionmem_core.env import LauncherSettings
 from sessionmem_core.errors import InvalidRequest, SessionMemError
-from sessionmem_core.http_client import HttpClient
 from sessionmem_core.ids import new_message_id, validate_conversation_id
+from sessionmem_infra.http_client import HttpClient
 from sessionmem_launcher.forward import CallerHeaders, Forwarder
 from sessionmem_launcher.memory_api import HEALTH_PATH, HEALTHY
 from sessionmem_launcher.replay import history_from, load_counter, within_budget

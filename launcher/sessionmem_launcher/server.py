@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from opentelemetry.trace import TracerProvider
 
 from sessionmem_core.env import LauncherSettings
-from sessionmem_core.telemetry import MemoryTracer, tracer_provider_from_env
+from sessionmem_infra.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_launcher.forward import Forwarder, forwarder_from_settings
 from sessionmem_launcher.managed_loop import ManagedLoop
 from sessionmem_launcher.memory_api import MemoryEndpoint

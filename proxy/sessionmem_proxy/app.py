@@ -21,9 +21,7 @@ from sessionmem_core import api
 from sessionmem_core.capability import Keyring
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import InvalidRequest, Overloaded, SessionMemError
-from sessionmem_core.store import ConversationStore, UsageLedger
-from sessionmem_core.telemetry import MemoryTracer, tracer_provider_from_env
-from sessionmem_core.valkey_client import connect
+from sessionmem_infra.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_proxy.context import ProxyContext
 from sessionmem_proxy.identity import Authenticator, DevAuthenticator
 from sessionmem_proxy.keying import KeyResolver
@@ -36,7 +34,9 @@ from sessionmem_proxy.quotas import DefaultLimits, KubeAgentLimits, LimitSource,
 from sessionmem_proxy.redaction import Redaction
 from sessionmem_proxy.replies import Reply, StreamReply, error_reply, internal_error_reply
 from sessionmem_proxy.routes import NotAllowedHere, Route, RouteTable
+from sessionmem_proxy.store import ConversationStore, UsageLedger
 from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
+from sessionmem_proxy.valkey_client import connect
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

@@ -11,13 +11,13 @@ from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import SessionMemError
 from sessionmem_core.ids import validate_conversation_id
 from sessionmem_core.keys import Scope
-from sessionmem_core.store import ConversationStore
-from sessionmem_core.telemetry import MemorySpan, MemoryTracer
+from sessionmem_infra.telemetry import MemorySpan, MemoryTracer
 from sessionmem_proxy.identity import AgentIdentity, Authenticator, bearer_token
 from sessionmem_proxy.keying import KeyResolver
 from sessionmem_proxy.metrics import ProxyMetrics
 from sessionmem_proxy.quotas import Quotas
 from sessionmem_proxy.redaction import Redaction
+from sessionmem_proxy.store import ConversationStore
 
 
 @dataclass

@@ -13,9 +13,9 @@ import orjson
 from pydantic import BaseModel
 
 from sessionmem_core import wire
-from sessionmem_core.store import NewEntry
 from sessionmem_proxy.context import ProxyContext, conversation_operation
 from sessionmem_proxy.replies import Reply, memory_reply
+from sessionmem_proxy.store import NewEntry
 
 Params = dict[str, Any]
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from sessionmem_core.devauth import DEV_TOKEN_PREFIX
 from sessionmem_core.errors import Forbidden, InvalidRequest, Unauthenticated
 from sessionmem_core.keys import Owner
-
-DEV_TOKEN_PREFIX = "dev:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +34,6 @@ def bearer_token(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("Authorization must be 'Bearer <token>'")
     return token.strip()
-
-
-def dev_token(namespace: str, agent: str, registry: str | None = None) -> str:
-    """A development credential: only accepted by a proxy started with the explicit dev auth mode."""
-    suffix = f"@{registry}" if registry else ""
-    return f"{DEV_TOKEN_PREFIX}{namespace}/{agent}{suffix}"
 
 
 class DevAuthenticator:

@@ -11,10 +11,10 @@ from pydantic import BaseModel
 from sessionmem_core import wire
 from sessionmem_core.errors import InvalidRequest
 from sessionmem_core.keys import Scope, session_prefix
-from sessionmem_core.store import search_entries
 from sessionmem_proxy.context import ProxyContext, identify
 from sessionmem_proxy.hot import Params, new_entries, operation
 from sessionmem_proxy.replies import Reply, StreamReply, memory_headers, memory_reply, model_reply
+from sessionmem_proxy.store import search_entries
 
 _SCAN_BATCH = 200
 # A page scans at most this many batches, so one request stays bounded however sparse the keyspace.

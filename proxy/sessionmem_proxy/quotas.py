@@ -35,7 +35,7 @@ from sessionmem_core import kube
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import RateLimited
 from sessionmem_core.keys import Owner
-from sessionmem_core.store import WRITE_LIMITS, StorageLimits, UsageLedger, refusal
+from sessionmem_proxy.store import WRITE_LIMITS, StorageLimits, UsageLedger, refusal
 
 # Operations that store something, and so are checked against the storage quota.
 WRITES = frozenset({"append", "replace"})

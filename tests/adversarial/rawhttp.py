@@ -11,8 +11,8 @@ from typing import BinaryIO
 
 import orjson
 
+from sessionmem_core.devauth import dev_token
 from sessionmem_core.keys import Owner
-from sessionmem_proxy.identity import dev_token
 
 OWNER = Owner("team-a", "support-agent")
 TOKEN = dev_token(OWNER.namespace, OWNER.agent)

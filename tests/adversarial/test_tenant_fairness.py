@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from sessionmem_core import env
-from sessionmem_proxy.identity import dev_token
+from sessionmem_core.devauth import dev_token
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess, free_port
 

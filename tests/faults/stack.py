@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 
 from sessionmem_core import env
+from sessionmem_core.devauth import dev_token
 from sessionmem_core.keys import Owner, session_key
-from sessionmem_proxy.identity import dev_token
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess, free_port
 

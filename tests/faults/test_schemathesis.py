@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sessionmem_proxy.identity import dev_token
+from sessionmem_core.devauth import dev_token
 from tests.faults.stack import AOF_ALWAYS, Stack, running_stack
 
 MAX_EXAMPLES = 100

@@ -11,7 +11,7 @@ import valkey
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
-from sessionmem_core.valkey_client import SessionmemCluster, cluster_seeds, connect, is_cluster_url
+from sessionmem_proxy.valkey_client import SessionmemCluster, cluster_seeds, connect, is_cluster_url
 from tests.support.valkey import ValkeyProcess, free_port
 
 
