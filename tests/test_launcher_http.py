@@ -11,11 +11,11 @@ import orjson
 import pytest
 
 from sessionmem_core import api
-from sessionmem_core.env import LauncherSettings
+from sessionmem_core.env import LauncherSettings, ServingLimits
 from sessionmem_core.errors import SessionMemError
 from sessionmem_infra.http_client import HttpClient, HttpError
 from sessionmem_launcher.server import Launcher, serve_in_background
-from sessionmem_launcher.serving import RequestLimits, ServingLimits, respond, respond_error
+from sessionmem_launcher.serving import RequestLimits, respond, respond_error
 from tests.support.valkey import free_port
 
 

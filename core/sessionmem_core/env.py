@@ -168,6 +168,35 @@ def _bool(env: Mapping[str, str], name: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class ServingLimits:
+    """The serving limits of one listener, the proxy's and the launcher's alike (docs/limits.md)."""
+
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_header_count: int = DEFAULT_MAX_HEADER_COUNT
+    max_url_bytes: int = DEFAULT_MAX_URL_BYTES
+    max_body_bytes: int = MAX_BODY_BYTES
+    header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS
+    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
+    idle_timeout_seconds: float = DEFAULT_IDLE_TIMEOUT_SECONDS
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ServingLimits:
+        return cls(
+            # hyper refuses a read buffer under 8 KiB, and the whole request head must fit in it.
+            max_header_bytes=_int(env, MAX_HEADER_BYTES, DEFAULT_MAX_HEADER_BYTES, 8192, 1024 * 1024),
+            # hyper itself refuses more than 100 header fields.
+            max_header_count=_int(env, MAX_HEADER_COUNT, DEFAULT_MAX_HEADER_COUNT, 1, 100),
+            max_url_bytes=_int(env, MAX_URL_BYTES, DEFAULT_MAX_URL_BYTES, 64, 64 * 1024),
+            max_body_bytes=_int(env, MAX_REQUEST_BODY_BYTES, MAX_BODY_BYTES, 1024, 64 * MAX_BODY_BYTES),
+            header_timeout_seconds=_float(env, HEADER_TIMEOUT_SECONDS, DEFAULT_HEADER_TIMEOUT_SECONDS),
+            body_timeout_seconds=_float(env, BODY_TIMEOUT_SECONDS, DEFAULT_BODY_TIMEOUT_SECONDS),
+            idle_timeout_seconds=_float(env, IDLE_TIMEOUT_SECONDS, DEFAULT_IDLE_TIMEOUT_SECONDS),
+            max_connections=_int(env, MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS, 1, 1_000_000),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class LauncherSettings:
     # None only where memory is off; the launcher refuses to start without it (no direct-to-Valkey mode).
     proxy_url: str | None
@@ -189,15 +218,8 @@ class LauncherSettings:
     summary_threshold: int = 0
     summarizer_url: str = "builtin"
     token_counter: str = "approx"
-    # Serving limits of both listeners (docs/limits-launcher.md).
-    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
-    max_header_count: int = DEFAULT_MAX_HEADER_COUNT
-    max_url_bytes: int = DEFAULT_MAX_URL_BYTES
-    max_body_bytes: int = MAX_BODY_BYTES
-    header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS
-    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
-    idle_timeout_seconds: float = DEFAULT_IDLE_TIMEOUT_SECONDS
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # Serving limits of both listeners (docs/limits.md).
+    limits: ServingLimits = ServingLimits()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LauncherSettings:
@@ -226,15 +248,7 @@ class LauncherSettings:
             summary_threshold=_int(env, SUMMARY_THRESHOLD, 0, 0, MAX_CAP),
             summarizer_url=env.get(SUMMARIZER_URL) or "builtin",
             token_counter=env.get(TOKEN_COUNTER) or "approx",
-            # hyper refuses a read buffer under 8 KiB, and the whole request head must fit in it.
-            max_header_bytes=_int(env, MAX_HEADER_BYTES, DEFAULT_MAX_HEADER_BYTES, 8192, 1024 * 1024),
-            max_header_count=_int(env, MAX_HEADER_COUNT, DEFAULT_MAX_HEADER_COUNT, 1, 100),
-            max_url_bytes=_int(env, MAX_URL_BYTES, DEFAULT_MAX_URL_BYTES, 64, 64 * 1024),
-            max_body_bytes=_int(env, MAX_REQUEST_BODY_BYTES, MAX_BODY_BYTES, 1024, 64 * MAX_BODY_BYTES),
-            header_timeout_seconds=_float(env, HEADER_TIMEOUT_SECONDS, DEFAULT_HEADER_TIMEOUT_SECONDS),
-            body_timeout_seconds=_float(env, BODY_TIMEOUT_SECONDS, DEFAULT_BODY_TIMEOUT_SECONDS),
-            idle_timeout_seconds=_float(env, IDLE_TIMEOUT_SECONDS, DEFAULT_IDLE_TIMEOUT_SECONDS),
-            max_connections=_int(env, MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS, 1, 1_000_000),
+            limits=ServingLimits.from_env(env),
         )
 
 
@@ -258,14 +272,7 @@ class ProxySettings:
     quota_bytes: int = DEFAULT_QUOTA_BYTES
     quota_requests_per_second: float = float(DEFAULT_QUOTA_REQUESTS_PER_SECOND)
     quota_burst: int = DEFAULT_QUOTA_BURST
-    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
-    max_header_count: int = DEFAULT_MAX_HEADER_COUNT
-    max_url_bytes: int = DEFAULT_MAX_URL_BYTES
-    max_body_bytes: int = MAX_BODY_BYTES
-    header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS
-    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
-    idle_timeout_seconds: float = DEFAULT_IDLE_TIMEOUT_SECONDS
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    limits: ServingLimits = ServingLimits()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProxySettings:
@@ -295,13 +302,5 @@ class ProxySettings:
             quota_bytes=_int(env, QUOTA_BYTES, DEFAULT_QUOTA_BYTES, 1, 1 << 50),
             quota_requests_per_second=_float(env, QUOTA_REQUESTS_PER_SECOND, float(DEFAULT_QUOTA_REQUESTS_PER_SECOND)),
             quota_burst=_int(env, QUOTA_BURST, DEFAULT_QUOTA_BURST, 1, 1 << 30),
-            # The head buffer of the HTTP server cannot be smaller than 8 KiB (hyper's minimum).
-            max_header_bytes=_int(env, MAX_HEADER_BYTES, DEFAULT_MAX_HEADER_BYTES, 8192, 1024 * 1024),
-            max_header_count=_int(env, MAX_HEADER_COUNT, DEFAULT_MAX_HEADER_COUNT, 1, 100),
-            max_url_bytes=_int(env, MAX_URL_BYTES, DEFAULT_MAX_URL_BYTES, 64, 1024 * 1024),
-            max_body_bytes=_int(env, MAX_REQUEST_BODY_BYTES, MAX_BODY_BYTES, 1024, 64 * 1024 * 1024),
-            header_timeout_seconds=_float(env, HEADER_TIMEOUT_SECONDS, DEFAULT_HEADER_TIMEOUT_SECONDS),
-            body_timeout_seconds=_float(env, BODY_TIMEOUT_SECONDS, DEFAULT_BODY_TIMEOUT_SECONDS),
-            idle_timeout_seconds=_float(env, IDLE_TIMEOUT_SECONDS, DEFAULT_IDLE_TIMEOUT_SECONDS),
-            max_connections=_int(env, MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS, 1, 1_000_000),
+            limits=ServingLimits.from_env(env),
         )

@@ -26,7 +26,7 @@ from sessionmem_infra.http_client import HttpClient
 from sessionmem_launcher.forward import CallerHeaders, Forwarder
 from sessionmem_launcher.memory_api import HEALTH_PATH, HEALTHY
 from sessionmem_launcher.replay import history_from, load_counter, within_budget
-from sessionmem_launcher.serving import RequestLimits, respond, respond_error
+from sessionmem_launcher.serving import RequestLimits, respond
 from sessionmem_launcher.summary import Compactor, summarizer_from_settings
 
 # The request headers relayed to the agent: an allow-list. The user's signed capability is bound to the turn
@@ -76,19 +76,7 @@ class ManagedLoop:
         self._agent = HttpClient(f"http://127.0.0.1:{settings.agent_port}", timeout=settings.agent_timeout_seconds)
 
     async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
-        limits = self._limits
-        try:
-            limits.admit(scope)
-        except SessionMemError as exc:
-            respond_error(proto, exc)
-            return
-        limits.in_flight += 1
-        try:
-            await self._serve(scope, proto)
-        except SessionMemError as exc:
-            respond_error(proto, exc)
-        finally:
-            limits.in_flight -= 1
+        await self._limits.serve(scope, proto, self._serve)
 
     async def _serve(self, scope: Scope, proto: HTTPProtocol) -> None:
         if scope.path == HEALTH_PATH and scope.method == "GET":

@@ -11,9 +11,9 @@ from granian._granian import RSGIHTTPProtocol as HTTPProtocol
 from granian.rsgi import Scope
 
 from sessionmem_core import api
-from sessionmem_core.errors import InvalidConversationId, NotFound, SessionMemError
+from sessionmem_core.errors import InvalidConversationId, NotFound
 from sessionmem_launcher.forward import CallerHeaders, Forwarder
-from sessionmem_launcher.serving import RequestLimits, json_headers, respond, respond_error
+from sessionmem_launcher.serving import RequestLimits, json_headers, respond
 
 HEALTH_PATH = "/healthz"
 OPENAPI_PATH = "/openapi.json"
@@ -29,19 +29,7 @@ class MemoryEndpoint:
         self._limits = limits
 
     async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
-        limits = self._limits
-        try:
-            limits.admit(scope)
-        except SessionMemError as exc:
-            respond_error(proto, exc)
-            return
-        limits.in_flight += 1
-        try:
-            await self._serve(scope, proto)
-        except SessionMemError as exc:
-            respond_error(proto, exc)
-        finally:
-            limits.in_flight -= 1
+        await self._limits.serve(scope, proto, self._serve)
 
     async def _serve(self, scope: Scope, proto: HTTPProtocol) -> None:
         method, path = scope.method, scope.path

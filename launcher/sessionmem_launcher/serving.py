@@ -14,19 +14,17 @@ import asyncio
 import contextlib
 import os
 import socket
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from granian._granian import ListenerSpec
 from granian._granian import RSGIHTTPProtocol as HTTPProtocol
 from granian.constants import HTTPModes, Interfaces
-from granian.http import HTTP1Settings
 from granian.log import LogLevels
 from granian.rsgi import Scope
 from granian.server.embed import Server
 
-from sessionmem_core import env
-from sessionmem_core.env import LauncherSettings
+from sessionmem_core.env import ServingLimits
 from sessionmem_core.errors import (
     HeadersTooLarge,
     Overloaded,
@@ -35,58 +33,18 @@ from sessionmem_core.errors import (
     SessionMemError,
     UriTooLong,
 )
+from sessionmem_infra.serving import http1_settings, open_connections
 
 JSON = "application/json"
 JSON_HEADERS = [("content-type", JSON)]
-# hyper's smallest read buffer; a head must fit in the buffer, so it is also the smallest header limit.
-_MIN_READ_BUFFER = 8192
 _LISTEN_TIMEOUT_SECONDS = 10.0
+
+
+Handler = Callable[[Scope, HTTPProtocol], Awaitable[None]]
 
 
 class RsgiApp(Protocol):
     async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ServingLimits:
-    max_header_bytes: int = env.DEFAULT_MAX_HEADER_BYTES
-    max_header_count: int = env.DEFAULT_MAX_HEADER_COUNT
-    max_url_bytes: int = env.DEFAULT_MAX_URL_BYTES
-    max_body_bytes: int = env.MAX_BODY_BYTES
-    header_timeout_seconds: float = env.DEFAULT_HEADER_TIMEOUT_SECONDS
-    body_timeout_seconds: float = env.DEFAULT_BODY_TIMEOUT_SECONDS
-    idle_timeout_seconds: float = env.DEFAULT_IDLE_TIMEOUT_SECONDS
-    max_connections: int = env.DEFAULT_MAX_CONNECTIONS
-
-    @classmethod
-    def of(cls, settings: LauncherSettings) -> ServingLimits:
-        return cls(
-            max_header_bytes=settings.max_header_bytes,
-            max_header_count=settings.max_header_count,
-            max_url_bytes=settings.max_url_bytes,
-            max_body_bytes=settings.max_body_bytes,
-            header_timeout_seconds=settings.header_timeout_seconds,
-            body_timeout_seconds=settings.body_timeout_seconds,
-            idle_timeout_seconds=settings.idle_timeout_seconds,
-            max_connections=settings.max_connections,
-        )
-
-    def http1(self) -> HTTP1Settings:
-        # hyper has one timer for "waiting for a request head", started on a new connection and after each
-        # answer: it is the header timeout and the idle timeout at once, so the stricter of the two rules.
-        wait = min(self.header_timeout_seconds, self.idle_timeout_seconds)
-        return HTTP1Settings(
-            header_read_timeout=max(1, round(wait * 1000)),
-            keep_alive=True,
-            max_buffer_size=max(_MIN_READ_BUFFER, self.max_header_bytes),
-        )
-
-    @property
-    def open_connections(self) -> int:
-        """granian's cap on open connections (its ``backpressure``; further ones wait in the listen backlog).
-        Twice the requests allowed in flight, so a request over that limit still reaches the app and gets
-        its typed 503 instead of waiting unanswered."""
-        return 2 * self.max_connections
 
 
 class RequestLimits:
@@ -97,6 +55,24 @@ class RequestLimits:
     def __init__(self, limits: ServingLimits) -> None:
         self._limits = limits
         self.in_flight = 0
+
+    async def serve(
+        self, scope: Scope, proto: HTTPProtocol, handler: Callable[[Scope, HTTPProtocol], Awaitable[None]]
+    ) -> None:
+        """Serve one request within the limits: refused with its typed answer when over one, counted in
+        flight while ``handler`` runs, and any typed error of the handler answered as such."""
+        try:
+            self.admit(scope)
+        except SessionMemError as exc:
+            respond_error(proto, exc)
+            return
+        self.in_flight += 1
+        try:
+            await handler(scope, proto)
+        except SessionMemError as exc:
+            respond_error(proto, exc)
+        finally:
+            self.in_flight -= 1
 
     def admit(self, scope: Scope) -> None:
         """Raise the typed error of a request over a limit that needs no body to judge."""
@@ -186,8 +162,8 @@ class EmbeddedServer:
             http=HTTPModes.http1,
             websockets=False,
             backlog=1024,
-            backpressure=limits.open_connections,
-            http1_settings=limits.http1(),
+            backpressure=open_connections(limits),
+            http1_settings=http1_settings(limits),
             log_level=LogLevels.error,
         )
         self._task: asyncio.Task[None] | None = None

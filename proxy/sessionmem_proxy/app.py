@@ -26,7 +26,7 @@ from sessionmem_proxy.context import ProxyContext
 from sessionmem_proxy.identity import Authenticator, DevAuthenticator
 from sessionmem_proxy.keying import KeyResolver
 from sessionmem_proxy.kubeapi import KubeAPI
-from sessionmem_proxy.limits import ClientGone, InFlight, ServingLimits
+from sessionmem_proxy.limits import ClientGone, InFlight, RequestLimits
 from sessionmem_proxy.membership import KubeRegistryMembership, Membership
 from sessionmem_proxy.metrics import ProxyMetrics
 from sessionmem_proxy.params import RawRequest, parse
@@ -52,7 +52,7 @@ class ProxyApp:
     def __init__(
         self,
         ctx: ProxyContext,
-        limits: ServingLimits,
+        limits: RequestLimits,
         closers: list[Callable[[], Awaitable[None]]],
         table: RouteTable | None = None,
     ) -> None:
@@ -223,7 +223,7 @@ def create_app(
         metrics=ProxyMetrics(),
         quotas=Quotas(limits, store.ledger),
     )
-    return ProxyApp(ctx, ServingLimits.from_settings(settings), closers)
+    return ProxyApp(ctx, RequestLimits(settings.limits), closers)
 
 
 def app_from_env() -> ProxyApp:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from dataclasses import dataclass
 from typing import Any
 
-from sessionmem_core.env import ProxySettings
+from sessionmem_core.env import ServingLimits
 from sessionmem_core.errors import HeadersTooLarge, PayloadTooLarge, RequestTimeout, UriTooLong
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -19,41 +18,29 @@ class ClientGone(Exception):
     """The client disconnected before its request body arrived: nobody to answer."""
 
 
-@dataclass(frozen=True, slots=True)
-class ServingLimits:
-    max_header_bytes: int
-    max_header_count: int
-    max_url_bytes: int
-    max_body_bytes: int
-    body_timeout_seconds: float
-    max_in_flight: int
-    # A streamed answer the client stops reading is cut off after this long without progress.
-    stall_timeout_seconds: float
+class RequestLimits:
+    """The checks of the serving limits that the app makes itself, per request."""
 
-    @classmethod
-    def from_settings(cls, settings: ProxySettings) -> ServingLimits:
-        return cls(
-            max_header_bytes=settings.max_header_bytes,
-            max_header_count=settings.max_header_count,
-            max_url_bytes=settings.max_url_bytes,
-            max_body_bytes=settings.max_body_bytes,
-            body_timeout_seconds=settings.body_timeout_seconds,
-            max_in_flight=settings.max_connections,
-            stall_timeout_seconds=settings.idle_timeout_seconds,
-        )
+    __slots__ = ("max_in_flight", "serving", "stall_timeout_seconds")
+
+    def __init__(self, serving: ServingLimits) -> None:
+        self.serving = serving
+        self.max_in_flight = serving.max_connections
+        # A streamed answer the client stops reading is cut off after this long without progress.
+        self.stall_timeout_seconds = serving.idle_timeout_seconds
 
     def check_head(self, raw_path: bytes, query: bytes, headers: Iterable[tuple[bytes, bytes]]) -> None:
         """414 for a URL over the limit, 431 for too many header fields or too many header bytes."""
-        if len(raw_path) + len(query) + (1 if query else 0) > self.max_url_bytes:
-            raise UriTooLong(f"the request target exceeds {self.max_url_bytes} bytes")
+        if len(raw_path) + len(query) + (1 if query else 0) > self.serving.max_url_bytes:
+            raise UriTooLong(f"the request target exceeds {self.serving.max_url_bytes} bytes")
         count = size = 0
         for name, value in headers:
             count += 1
             size += len(name) + len(value) + 4  # "name: value\r\n"
-        if count > self.max_header_count:
-            raise HeadersTooLarge(f"more than {self.max_header_count} header fields")
-        if size > self.max_header_bytes:
-            raise HeadersTooLarge(f"header fields exceed {self.max_header_bytes} bytes")
+        if count > self.serving.max_header_count:
+            raise HeadersTooLarge(f"more than {self.serving.max_header_count} header fields")
+        if size > self.serving.max_header_bytes:
+            raise HeadersTooLarge(f"header fields exceed {self.serving.max_header_bytes} bytes")
 
     async def read_body(self, receive: Receive, content_length: str | None) -> bytes:
         """The whole body, counted while it streams in; 413 over the limit, 408 when the body timeout
@@ -63,13 +50,13 @@ class ServingLimits:
         is read and dropped, up to as much again and within the body timeout: closing on unread bytes
         makes the kernel reset the connection, and a client still uploading would then never read its
         413. Memory stays bounded by the limit; time by the body timeout."""
-        limit = self.max_body_bytes
+        limit = self.serving.max_body_bytes
         declared = content_length is not None and content_length.isascii() and content_length.isdigit()
         too_large = declared and int(content_length or 0) > limit
         chunks: list[bytes] = []
         received = 0
         try:
-            async with asyncio.timeout(self.body_timeout_seconds):
+            async with asyncio.timeout(self.serving.body_timeout_seconds):
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
@@ -85,7 +72,9 @@ class ServingLimits:
                         break
         except TimeoutError as exc:
             if not too_large:
-                raise RequestTimeout(f"request body not received within {self.body_timeout_seconds:g} s") from exc
+                raise RequestTimeout(
+                    f"request body not received within {self.serving.body_timeout_seconds:g} s"
+                ) from exc
         if too_large:
             raise PayloadTooLarge(f"request body exceeds {limit} bytes")
         return b"".join(chunks)

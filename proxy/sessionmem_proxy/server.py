@@ -10,27 +10,15 @@ from __future__ import annotations
 import logging
 
 from granian.constants import HTTPModes, Interfaces
-from granian.http import HTTP1Settings
 from granian.log import LogLevels
 from granian.server.mp import MPServer
 
 from sessionmem_core.env import ProxySettings
+from sessionmem_infra.serving import http1_settings, open_connections
 
 APP_FACTORY = "sessionmem_proxy.app:app_from_env"
 GRACE_SECONDS = 10
 _LOG = logging.getLogger("sessionmem.proxy")
-
-
-def http1_settings(settings: ProxySettings) -> HTTP1Settings:
-    """hyper's one head timer runs from the moment a connection waits for a request head, so it bounds a
-    trickled head (slowloris) and an idle keep-alive connection alike: the smaller of the two settings."""
-    head_timeout = min(settings.header_timeout_seconds, settings.idle_timeout_seconds)
-    return HTTP1Settings(
-        header_read_timeout=max(1, round(head_timeout * 1000)),
-        keep_alive=True,
-        # The whole request head must fit in this buffer: over it, hyper answers 431 and closes.
-        max_buffer_size=settings.max_header_bytes,
-    )
 
 
 def granian_server(settings: ProxySettings, workers: int) -> MPServer:
@@ -47,8 +35,8 @@ def granian_server(settings: ProxySettings, workers: int) -> MPServer:
         backlog=2048,
         # Above the app's own request limit, so an excess request reaches the app and is answered 503
         # instead of waiting unseen.
-        backpressure=2 * settings.max_connections,
-        http1_settings=http1_settings(settings),
+        backpressure=open_connections(settings.limits),
+        http1_settings=http1_settings(settings.limits),
         log_level=LogLevels.warning,
         respawn_failed_workers=True,
         workers_kill_timeout=GRACE_SECONDS,

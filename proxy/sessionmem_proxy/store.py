@@ -147,6 +147,7 @@ end
 #   conversation is not counted yet and the count is at the limit; otherwise a new conversation is counted
 #   at once (provisionally for 60 s, until its write sets its real expiry; a write that fails leaves it
 #   counted that long), so concurrent writers cannot all pass a check made before any of them is counted;
+# - usage_admit prunes, then reserves (or refuses and settles), answering the time and the verdict;
 # - usage_apply accounts a write ('add' bytes, 'set' the conversation's size) or a delete ('forget');
 # - usage_settle expires the keys with their last conversation and answers {conversations, bytes}.
 _USAGE_FUNCTIONS = """
@@ -169,6 +170,13 @@ local function usage_reserve(expiries, sizes, field, now, max_conversations, max
     redis.call('ZADD', expiries, now + 60000, field)
   end
   return 0
+end
+local function usage_admit(expiries, sizes, field, max_conversations, max_bytes)
+  local now = usage_now()
+  usage_prune(expiries, sizes, now)
+  local verdict = usage_reserve(expiries, sizes, field, now, max_conversations, max_bytes)
+  if verdict ~= 0 then usage_settle(expiries, sizes) end
+  return now, verdict
 end
 local function usage_apply(expiries, sizes, field, op, amount, ttl, now)
   local old = tonumber(redis.call('HGET', sizes, field) or '0')
@@ -215,13 +223,8 @@ _APPEND_COUNTED = (
     _USAGE_FUNCTIONS
     + _APPEND_FUNCTION
     + """
-local now = usage_now()
-usage_prune(KEYS[2], KEYS[3], now)
-local verdict = usage_reserve(KEYS[2], KEYS[3], KEYS[1], now, tonumber(ARGV[1]), tonumber(ARGV[2]))
-if verdict ~= 0 then
-  usage_settle(KEYS[2], KEYS[3])
-  return {0, 0, 0, {}, 0, 0, verdict}
-end
+local now, verdict = usage_admit(KEYS[2], KEYS[3], KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]))
+if verdict ~= 0 then return {0, 0, 0, {}, 0, 0, verdict} end
 local ttl = tonumber(ARGV[4])
 local r = append(KEYS[1], tonumber(ARGV[3]), ttl, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), 8)
 if r[2] > 0 then
@@ -247,13 +250,8 @@ _REPLACE_COUNTED = (
     _USAGE_FUNCTIONS
     + _REPLACE_FUNCTION
     + """
-local now = usage_now()
-usage_prune(KEYS[2], KEYS[3], now)
-local verdict = usage_reserve(KEYS[2], KEYS[3], KEYS[1], now, tonumber(ARGV[1]), tonumber(ARGV[2]))
-if verdict ~= 0 then
-  usage_settle(KEYS[2], KEYS[3])
-  return {0, 0, 0, verdict}
-end
+local now, verdict = usage_admit(KEYS[2], KEYS[3], KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]))
+if verdict ~= 0 then return {0, 0, 0, verdict} end
 local ttl = tonumber(ARGV[5])
 local r = replace(KEYS[1], ARGV[3], tonumber(ARGV[4]), ttl, 6)
 if r[1] >= 0 then usage_apply(KEYS[2], KEYS[3], KEYS[1], 'set', r[3], ttl, now) end
