@@ -171,13 +171,6 @@ local function usage_reserve(expiries, sizes, field, now, max_conversations, max
   end
   return 0
 end
-local function usage_admit(expiries, sizes, field, max_conversations, max_bytes)
-  local now = usage_now()
-  usage_prune(expiries, sizes, now)
-  local verdict = usage_reserve(expiries, sizes, field, now, max_conversations, max_bytes)
-  if verdict ~= 0 then usage_settle(expiries, sizes) end
-  return now, verdict
-end
 local function usage_apply(expiries, sizes, field, op, amount, ttl, now)
   local old = tonumber(redis.call('HGET', sizes, field) or '0')
   if op == 'forget' then
@@ -204,6 +197,13 @@ local function usage_settle(expiries, sizes)
   redis.call('PEXPIREAT', expiries, at)
   redis.call('PEXPIREAT', sizes, at)
   return {count, tonumber(redis.call('HGET', sizes, 'total') or '0')}
+end
+local function usage_admit(expiries, sizes, field, max_conversations, max_bytes)
+  local now = usage_now()
+  usage_prune(expiries, sizes, now)
+  local verdict = usage_reserve(expiries, sizes, field, now, max_conversations, max_bytes)
+  if verdict ~= 0 then usage_settle(expiries, sizes) end
+  return now, verdict
 end
 """
 
