@@ -44,7 +44,7 @@ PRODUCTION = CHART / "values-production.yaml"
 ENSURE_HELM = REPO / "tools" / "helm" / "ensure-helm.sh"
 CRDS = REPO / "crds"
 EXAMPLE = REPO / "examples" / "support-agent.yaml"
-STORE_SOURCE = REPO / "core" / "sessionmem_core" / "store.py"
+STORE_SOURCE = REPO / "proxy" / "sessionmem_proxy" / "store.py"
 
 RELEASE = "sm"
 NAMESPACE = "sessionmem"

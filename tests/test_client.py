@@ -383,8 +383,6 @@ def test_entries_and_arguments_are_checked_before_the_network() -> None:
             memory.search("c", "x", limit=0)
         with pytest.raises(InvalidRequest, match="limit"):
             memory.list_conversations(limit=0)
-        with pytest.raises(InvalidRequest, match="confirm"):
-            memory.clear_all(confirm=False)
 
 
 # --- what goes on the wire ---

@@ -202,7 +202,7 @@ def test_erasing_a_user_leaves_other_users_intact_and_says_what_it_removed(
     assert len(valkey_server.conversation_keys()) == 2
 
 
-async def test_list_info_export_and_clear(proxy_process: ServiceProcess, valkey_server: ValkeyProcess) -> None:
+async def test_list_info_export_and_admin_erase(proxy_process: ServiceProcess, valkey_server: ValkeyProcess) -> None:
     from sessionmem_core.devauth import dev_token
 
     auth = {"Authorization": f"Bearer {dev_token('team-a', 'support-agent')}"}
@@ -223,12 +223,20 @@ async def test_list_info_export_and_clear(proxy_process: ServiceProcess, valkey_
         missing = (await client.get("/v1/conversations/nope")).json()
         exported = (await client.get("/v1/conversations/conv-007/export")).json()
         refused = await client.delete("/v1/conversations")
-        cleared = (await client.delete("/v1/conversations", params={"confirm": "true"})).json()
+        by_agent = await client.delete("/v1/conversations", params={"confirm": "true"})
+        admin = {"Authorization": "Bearer dev-admin:alice"}
+        path = "/v1/admin/namespaces/team-a/agents/support-agent/memory"
+        as_agent = await client.delete(path)
+        cleared = (await client.delete(path, headers=admin)).json()
     assert sorted(set(listed)) == [f"conv-{i:03d}" for i in range(120)] and pages >= 2
     assert info["exists"] and info["entries"] == 1 and info["version"] == 1 and 0 < info["ttlSeconds"] <= 86400
     assert missing == {"conversationId": "nope", "scope": "session", "exists": False, "version": 0, "entries": 0,
                        "ttlSeconds": None}  # fmt: skip
     assert [e["content"] for e in exported["entries"]] == ["hello"]
     assert refused.status_code == 400
-    assert cleared == {"conversations": 120, "entries": 120}
+    # Agents never erase in bulk, whatever they send: an administrator does, and gets a receipt.
+    assert by_agent.status_code == 403 and "administrator" in by_agent.json()["error"]["message"]
+    assert as_agent.status_code == 403
+    assert cleared["entries"] == 120 and cleared["erasedBy"] == "alice"
+    assert cleared["keys"] == [f"mem:team-a/support-agent:conv-{i:03d}" for i in range(120)]
     assert [k.decode() for k in valkey_server.conversation_keys()] == ["mem:team-a/other-agent:not-mine"]

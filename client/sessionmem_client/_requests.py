@@ -208,13 +208,6 @@ class Requests:
         return Request("GET", api.CONVERSATIONS_PATH, wire.ConversationList, tuple(params), traceparent=traceparent)
 
     @staticmethod
-    def clear_all(confirm: bool, traceparent: str | None) -> Request[wire.ClearResponse]:
-        if confirm is not True:
-            raise InvalidRequest("clear_all erases every conversation of this agent: pass confirm=True")
-        params = ((CONFIRM_PARAM, "true"),)
-        return Request("DELETE", api.CONVERSATIONS_PATH, wire.ClearResponse, params, traceparent=traceparent)
-
-    @staticmethod
     def erase_user(traceparent: str | None) -> Request[wire.UserErasure]:
         return Request("DELETE", api.USER_CONVERSATIONS_PATH, wire.UserErasure, traceparent=traceparent)
 

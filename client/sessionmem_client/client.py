@@ -191,10 +191,6 @@ class MemoryClient:
                 return
             cursor = page.next_cursor
 
-    def clear_all(self, *, confirm: bool, traceparent: str | None = None) -> wire.ClearResponse:
-        """Erase every private conversation of this agent. ``confirm=True`` is required, by keyword."""
-        return self._send(Requests.clear_all(confirm, traceparent))
-
     def erase_user(self, *, traceparent: str | None = None) -> wire.UserErasure:
         """Erase everything of the end user named by this client's ``user_capability``."""
         return self._send(Requests.erase_user(traceparent))
@@ -331,9 +327,6 @@ class AsyncMemoryClient:
             if page.next_cursor is None:
                 return
             cursor = page.next_cursor
-
-    async def clear_all(self, *, confirm: bool, traceparent: str | None = None) -> wire.ClearResponse:
-        return await self._send(Requests.clear_all(confirm, traceparent))
 
     async def erase_user(self, *, traceparent: str | None = None) -> wire.UserErasure:
         return await self._send(Requests.erase_user(traceparent))

@@ -113,6 +113,9 @@ def export_path(conversation_id: str) -> str:
 # Agent-wide and user-wide lifecycle operations (no conversation id in the path).
 CONVERSATIONS_PATH = f"{API_PREFIX}/conversations"
 USER_CONVERSATIONS_PATH = f"{API_PREFIX}/users/me/conversations"
+# Administration: a person's act, authorised by Kubernetes RBAC on agentdeployments/memory.
+ADMIN_AGENT_MEMORY_PATH = f"{API_PREFIX}/admin/namespaces/{{namespace}}/agents/{{agent}}/memory"
+ADMIN_USER_MEMORY_PATH = f"{API_PREFIX}/admin/namespaces/{{namespace}}/agents/{{agent}}/users/{{user}}/memory"
 
 
 _CONVERSATIONS = f"{API_PREFIX}/conversations/"

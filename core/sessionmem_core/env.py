@@ -86,6 +86,8 @@ OPERATOR_PROXY_URL = "SESSIONMEM_OPERATOR_PROXY_URL"
 OPERATOR_LAUNCHER_IMAGE = "SESSIONMEM_OPERATOR_LAUNCHER_IMAGE"
 OPERATOR_AUDIENCE = "SESSIONMEM_OPERATOR_AUDIENCE"
 OPERATOR_TOKEN_EXPIRATION_SECONDS = "SESSIONMEM_OPERATOR_TOKEN_EXPIRATION_SECONDS"
+# The operator's own namespace (the chart sets it from the pod): where Events about cluster-scoped objects go.
+OPERATOR_NAMESPACE = "SESSIONMEM_OPERATOR_NAMESPACE"
 OPERATOR_CONFIG_FILE = "SESSIONMEM_OPERATOR_CONFIG_FILE"  # optional YAML file; the variables above override it
 
 # --- serving limits, the proxy's and the launcher's (docs/limits.md); the chart writes the proxy's ---

@@ -109,6 +109,17 @@ class UserErasure(_Model):
     entries: int
 
 
+class ErasureReceipt(_Model):
+    """What an administrator's erasure removed, and on whose authority."""
+
+    namespace: str
+    agent: str
+    user: str | None = Field(default=None, description="The end user whose memory was erased, if only theirs.")
+    keys: list[str] = Field(description="The Valkey keys removed.")
+    entries: int = Field(description="How many entries they held.")
+    erasedBy: str = Field(description="The Kubernetes user the API server vouched for.")  # noqa: N815
+
+
 class ReplaceRequest(_Request):
     entries: list[EntryIn] = Field(min_length=1, max_length=env.MAX_CAP)
 

@@ -160,14 +160,6 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "DELETE",
-        api.CONVERSATIONS_PATH,
-        "clear",
-        "Erase all of the agent's private conversations, per-user ones included (confirm=true)",
-        wire.ClearResponse,
-        (Param("confirm", {"type": "boolean", "default": False}, "Must be true: this erases every conversation"),),
-    ),
-    Route(
-        "DELETE",
         api.USER_CONVERSATIONS_PATH,
         "erase_user",
         "Erase everything of the end user named by the capability, across the agent's conversations",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import kopf
@@ -15,7 +16,7 @@ from sessionmem_core import kube
 from sessionmem_operator import kubeapi, reconcile, registry
 from sessionmem_operator.config import OperatorConfig
 from sessionmem_operator.kopf_settings import apply_settings
-from sessionmem_operator.kubeapi import KubeApi
+from sessionmem_operator.kubeapi import KubeApi, own_namespace
 from sessionmem_operator.reconcile import Logger, ReconcileError, Runtime
 
 # Retried reconciles wait this long (seconds) when the error gives no better hint.
@@ -50,7 +51,15 @@ def _index(kwargs: dict[str, Any]) -> Index:
     return index
 
 
+_LOG = logging.getLogger("sessionmem.operator")
+
+
 def _post_warning(body: Any, reason: str, message: str) -> None:
+    # An Event about a cluster-scoped object (an AgentRegistry) goes to the operator's own namespace; an
+    # operator run outside a pod has none, and kopf would post to "default", which it may not write to.
+    if not (body.get("metadata") or {}).get("namespace") and own_namespace() is None:
+        _LOG.warning("%s %s: %s (no namespace of its own to post the Event in)", reason, body.get("kind"), message)
+        return
     kopf.warn(body, reason=reason, message=message)
 
 

@@ -22,7 +22,7 @@ from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from sessionmem_core import kube
+from sessionmem_core import env, kube
 from sessionmem_operator.render import KNATIVE_API_VERSION
 
 FIELD_MANAGER = kube.MANAGED_BY
@@ -115,7 +115,10 @@ async def load_configuration() -> Any:
 
 
 def own_namespace() -> str | None:
-    """The operator pod's namespace (None outside a pod): where Events about cluster-scoped objects go."""
+    """The operator's namespace (SESSIONMEM_OPERATOR_NAMESPACE, else the pod's; None outside a pod):
+    where Events about cluster-scoped objects go."""
+    if os.environ.get(env.OPERATOR_NAMESPACE):
+        return os.environ[env.OPERATOR_NAMESPACE]
     try:
         return Path(_POD_NAMESPACE_FILE).read_text(encoding="utf-8").strip() or None
     except OSError:

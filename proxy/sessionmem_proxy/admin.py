@@ -13,15 +13,25 @@ permission 403, an API server that cannot be asked 503.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 import orjson
+from pydantic import BaseModel
 
-from sessionmem_core import kube
+from sessionmem_core import kube, wire
 from sessionmem_core.errors import AuthUnavailable, Forbidden, Unauthenticated
+from sessionmem_core.keys import Owner, session_prefix
+from sessionmem_proxy.identity import bearer_token
 from sessionmem_proxy.kubeapi import KubeAPI
+from sessionmem_proxy.replies import Reply, model_reply
+
+if TYPE_CHECKING:
+    from sessionmem_proxy.context import ProxyContext
+
+_AUDIT = logging.getLogger("sessionmem.proxy.audit")
 
 MEMORY_SUBRESOURCE = "memory"
 # The verbs an administrator's operation is checked with, by what it does.
@@ -138,3 +148,46 @@ class DevAdminAuthorizer:
         if not bearer_token.startswith(DEV_ADMIN_PREFIX) or len(bearer_token) == len(DEV_ADMIN_PREFIX):
             raise Forbidden("memory administration is a person's act: an agent's token cannot do it")
         return Administrator(username=bearer_token[len(DEV_ADMIN_PREFIX) :])
+
+
+async def erase_agent_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+    """Every conversation of one agent, its users' buckets included: for a person allowed to delete the
+    memory of that AgentDeployment."""
+    owner = Owner(p["namespace"], p["agent"])
+    return await _erase(ctx, p, owner, None, session_prefix(owner))
+
+
+async def erase_user_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+    """One end user's conversations with one agent (their bucket), for a person allowed to delete the
+    memory of that AgentDeployment. The bucket is derived as the proxy derives it for the user's turns."""
+    owner = Owner(p["namespace"], p["agent"])
+    return await _erase(ctx, p, owner, p["user"], ctx.keys.bucket_prefix(owner, p["user"]))
+
+
+async def _erase(ctx: ProxyContext, p: dict[str, Any], owner: Owner, user: str | None, prefix: str) -> Reply:
+    from sessionmem_proxy.lifecycle import delete_all  # lifecycle's handlers and these share one eraser
+
+    if ctx.admin is None:
+        raise Forbidden("memory administration is not enabled on this proxy")
+    admin = await ctx.admin.authorize(bearer_token(p["authorization"]), ERASE, owner.namespace, owner.agent)
+    with ctx.tracer.span("admin_erase", "", p["traceparent"]) as span:
+        removed, entries = await delete_all(ctx, prefix)
+        span.entries = entries
+    _AUDIT.warning(
+        "memory erased by %s: %s%s, %d keys, %d entries",
+        admin.username,
+        owner.author,
+        " (one user)" if user is not None else "",
+        len(removed),
+        entries,
+    )
+    return model_reply(
+        wire.ErasureReceipt(
+            namespace=owner.namespace,
+            agent=owner.agent,
+            user=user,
+            keys=sorted(removed),
+            entries=entries,
+            erasedBy=admin.username,
+        )
+    )

@@ -22,6 +22,7 @@ from sessionmem_core.capability import Keyring
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import InvalidRequest, Overloaded, SessionMemError
 from sessionmem_infra.telemetry import MemoryTracer, tracer_provider_from_env
+from sessionmem_proxy.admin import AdminAuthorizer, DevAdminAuthorizer, KubeAdminAuthorizer
 from sessionmem_proxy.context import ProxyContext
 from sessionmem_proxy.identity import Authenticator, DevAuthenticator
 from sessionmem_proxy.keying import KeyResolver
@@ -194,8 +195,10 @@ def create_app(
         closers.append(owned_client.aclose)
     default_limits = QuotaLimits.defaults(settings)
     limits: LimitSource = DefaultLimits(default_limits)
+    admin: AdminAuthorizer | None = None
     if authenticator is None and settings.auth_mode == "dev":
         authenticator = DevAuthenticator()
+        admin = DevAdminAuthorizer()
     elif authenticator is None:
         kube = KubeAPI.from_settings(settings)
         kube_http = kube.client()
@@ -203,6 +206,7 @@ def create_app(
         authenticator = TokenReviewAuthenticator(kube_http, kube, settings.audience)
         membership = membership or KubeRegistryMembership(kube_http, kube.bearer, settings.membership_cache_seconds)
         limits = KubeAgentLimits(kube_http, kube.bearer, default_limits, settings.membership_cache_seconds)
+        admin = KubeAdminAuthorizer(kube_http, kube, settings.audience)
     closers.insert(0, authenticator.aclose)
     keyring = (
         Keyring.load(
@@ -217,11 +221,12 @@ def create_app(
         settings=settings,
         store=store,
         authenticator=authenticator,
-        keys=KeyResolver(membership, keyring),
+        keys=KeyResolver(membership, keyring, limits),
         redaction=Redaction.from_json(settings.redact_patterns),
         tracer=MemoryTracer(tracer_provider or tracer_provider_from_env("sessionmem-proxy"), "proxy"),
         metrics=ProxyMetrics(),
         quotas=Quotas(limits, store.ledger),
+        admin=admin,
     )
     return ProxyApp(ctx, RequestLimits(settings.limits), closers)
 

@@ -6,6 +6,7 @@ import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import SessionMemError
@@ -16,6 +17,9 @@ from sessionmem_proxy.identity import AgentIdentity, Authenticator, bearer_token
 from sessionmem_proxy.keying import KeyResolver
 from sessionmem_proxy.metrics import ProxyMetrics
 from sessionmem_proxy.quotas import Quotas
+
+if TYPE_CHECKING:
+    from sessionmem_proxy.admin import AdminAuthorizer
 from sessionmem_proxy.redaction import Redaction
 from sessionmem_proxy.store import ConversationStore
 
@@ -30,6 +34,7 @@ class ProxyContext:
     tracer: MemoryTracer
     metrics: ProxyMetrics
     quotas: Quotas | None = None
+    admin: AdminAuthorizer | None = None
 
 
 async def identify(ctx: ProxyContext, authorization: str | None) -> AgentIdentity:

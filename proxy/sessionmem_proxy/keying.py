@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+from sessionmem_core import api
 from sessionmem_core.capability import Keyring, user_bucket, verify_capability
-from sessionmem_core.errors import InvalidRequest, Unauthenticated
+from sessionmem_core.errors import AuthUnavailable, Forbidden, InvalidRequest, Unauthenticated, UserCapabilityRequired
 from sessionmem_core.ids import validate_conversation_id
-from sessionmem_core.keys import Scope, per_user_prefix, session_prefix, shared_prefix
+from sessionmem_core.keys import Owner, Scope, per_user_prefix, session_prefix, shared_prefix
 from sessionmem_proxy.identity import AgentIdentity
 from sessionmem_proxy.membership import Membership
+from sessionmem_proxy.quotas import LimitSource
 
 
 class KeyResolver:
-    def __init__(self, membership: Membership | None = None, keyring: Keyring | None = None) -> None:
+    def __init__(
+        self,
+        membership: Membership | None = None,
+        keyring: Keyring | None = None,
+        policies: LimitSource | None = None,
+    ) -> None:
         self._membership = membership
         self._keyring = keyring
+        self._policies = policies
 
     async def resolve_prefix(
         self, identity: AgentIdentity, requested: Scope, user_capability: str | None
@@ -27,6 +35,7 @@ class KeyResolver:
         """
         if user_capability is not None:
             return self.user_prefix(identity, user_capability), Scope.SESSION.value
+        await self._refuse_per_user_without_user(identity)
         if requested is Scope.SHARED:
             registry = identity.registry
             if registry is None and self._membership is not None:
@@ -34,6 +43,26 @@ class KeyResolver:
             if registry:
                 return shared_prefix(registry), Scope.SHARED.value
         return session_prefix(identity.owner), Scope.SESSION.value
+
+    async def _refuse_per_user_without_user(self, identity: AgentIdentity) -> None:
+        """A perUser agent (so says its AgentDeployment: the cluster's truth, not a header of the pod) has
+        no memory outside its users' buckets: without a capability it gets 401, never a shared bucket.
+        Fail closed: when the AgentDeployment could not be read, a request without a user is 503."""
+        if self._policies is None:
+            return
+        per_user = (await self._policies.limits_of(identity.owner)).per_user
+        if per_user is None:
+            raise AuthUnavailable(f"cannot tell whether {identity.owner.author} keeps memory per user")
+        if per_user:
+            raise UserCapabilityRequired(
+                f"{identity.owner.author} keeps memory per user: send the {api.USER_CAPABILITY_HEADER} header"
+            )
+
+    def bucket_prefix(self, owner: Owner, subject: str) -> str:
+        """The prefix of one user's bucket with one agent, for an administrator who names the user."""
+        if self._keyring is None:
+            raise Forbidden("this proxy has no capability key: it keeps no per-user memory")
+        return per_user_prefix(owner, user_bucket(self._keyring, owner, subject))
 
     def user_prefix(self, identity: AgentIdentity, user_capability: str | None) -> str:
         if user_capability is None:

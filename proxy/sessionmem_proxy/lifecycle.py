@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import orjson
 from pydantic import BaseModel
 
-from sessionmem_core import wire
-from sessionmem_core.errors import InvalidRequest
-from sessionmem_core.keys import Scope, session_prefix
+from sessionmem_core import api, wire
+from sessionmem_core.errors import Forbidden, InvalidRequest
+from sessionmem_core.keys import Scope
 from sessionmem_proxy.context import ProxyContext, identify
 from sessionmem_proxy.hot import Params, new_entries, operation
 from sessionmem_proxy.replies import Reply, StreamReply, memory_headers, memory_reply, model_reply
@@ -135,7 +135,7 @@ async def _conversations_under(
     return found, cursor
 
 
-async def _delete_all(ctx: ProxyContext, prefix: str) -> tuple[list[str], int]:
+async def delete_all(ctx: ProxyContext, prefix: str) -> tuple[list[str], int]:
     removed_keys: list[str] = []
     entries = 0
     cursor = 0
@@ -168,20 +168,21 @@ async def list_conversations(ctx: ProxyContext, p: Params, _: BaseModel | None) 
 
 
 async def clear_all(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
+    """Refused to every agent: erasing all of an agent's memory is an administrator's act (admin.py)."""
     if not p["confirm"]:
         raise InvalidRequest("clearing every conversation needs confirm=true")
-    with ctx.tracer.span("clear", "", p["traceparent"]) as span:
-        identity = await identify(ctx, p["authorization"])
-        removed, entries = await _delete_all(ctx, session_prefix(identity.owner))
-        span.scope, span.entries = Scope.SESSION.value, entries
-        return model_reply(wire.ClearResponse(conversations=len(removed), entries=entries))
+    identity = await identify(ctx, p["authorization"])
+    raise Forbidden(
+        f"erasing all of {identity.owner.author}'s memory is an administrator's operation: "
+        f"DELETE {api.ADMIN_AGENT_MEMORY_PATH} with a person's own Kubernetes credential"
+    )
 
 
 async def erase_user(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
     with ctx.tracer.span("erase_user", "", p["traceparent"]) as span:
         identity = await identify(ctx, p["authorization"])
         user_prefix = ctx.keys.user_prefix(identity, p["capability"])
-        removed, entries = await _delete_all(ctx, user_prefix)
+        removed, entries = await delete_all(ctx, user_prefix)
         span.scope, span.entries = Scope.SESSION.value, entries
         ids = sorted(k[len(user_prefix) :] for k in removed)
         return model_reply(wire.UserErasure(conversations=ids, entries=entries))

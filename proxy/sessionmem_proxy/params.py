@@ -143,6 +143,21 @@ TRACEPARENT = header("traceparent", api.TRACEPARENT_HEADER, documented=False)
 IF_MATCH = header("if_match", "if-match", "Expected version (as returned by a read); '*' or absent: any")
 
 CALLER = (AUTHORIZATION, TRACEPARENT)
+NAMESPACE = Param(
+    "namespace", "namespace", "path", {"type": "string"}, _identity, required=True,
+    description="Namespace of the AgentDeployment",
+)  # fmt: skip
+AGENT = Param(
+    "agent", "agent", "path", {"type": "string"}, _identity, required=True, description="Name of the AgentDeployment"
+)
+USER = Param(
+    "user", "user", "path", {"type": "string", "minLength": 1, "maxLength": 256}, _identity, required=True,
+    description="The end user's id, as the caller's side signs it into capabilities",
+)  # fmt: skip
+ADMIN_AUTHORIZATION = header(
+    "authorization", "authorization", "Bearer token of the administrator: their own Kubernetes credential"
+)
+ADMIN = (NAMESPACE, AGENT, ADMIN_AUTHORIZATION, TRACEPARENT)
 CONVERSATION = (CONVERSATION_ID, SCOPE, *CALLER, CAPABILITY)
 WRITE = (CAP, TTL, REDACT)
 

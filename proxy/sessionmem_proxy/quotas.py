@@ -22,6 +22,7 @@ What is exact and what is approximate (docs/quotas.md):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -44,10 +45,14 @@ _REMEMBERED = 10_000
 
 @dataclass(frozen=True, slots=True)
 class QuotaLimits:
+    """What the cluster says of one agent's memory: its quotas, and whether it keeps memory per user
+    (``spec.sessionMemory.perUser``; None when the AgentDeployment could not be read)."""
+
     max_conversations: int
     max_bytes: int
     requests_per_second: float
     burst: int
+    per_user: bool | None = False
 
     @classmethod
     def defaults(cls, settings: ProxySettings) -> QuotaLimits:
@@ -58,17 +63,18 @@ class QuotaLimits:
             burst=settings.quota_burst,
         )
 
-    def overridden(self, quota: Any) -> QuotaLimits:
+    def overridden(self, quota: Any, per_user: bool = False) -> QuotaLimits:
         """These limits with an AgentDeployment's ``spec.sessionMemory.quota`` applied; a custom rate brings
         a burst of twice that rate (the defaults' ratio), never less than one request."""
         if not isinstance(quota, dict):
-            return self
+            return dataclasses.replace(self, per_user=per_user)
         rate = _positive(quota.get("requestsPerSecond"), self.requests_per_second)
         return QuotaLimits(
             max_conversations=int(_positive(quota.get("maxConversations"), self.max_conversations)),
             max_bytes=int(_positive(quota.get("maxBytes"), self.max_bytes)),
             requests_per_second=rate,
             burst=self.burst if rate == self.requests_per_second else max(1, math.ceil(2 * rate)),
+            per_user=per_user,
         )
 
 
@@ -131,20 +137,26 @@ class KubeAgentLimits:
         return limits
 
     async def _fetch(self, owner: Owner) -> QuotaLimits:
+        """The agent's limits. Quotas fail open (the defaults) when the AgentDeployment cannot be read; its
+        perUser flag then reads None, and the key resolver fails closed on it (keying.py). An agent with no
+        AgentDeployment (404) keeps no per-user memory."""
         path = f"/apis/{kube.GROUP}/{kube.VERSION}/namespaces/{owner.namespace}/{kube.AGENT_PLURAL}/{owner.agent}"
         self.api_calls += 1
+        unknown = dataclasses.replace(self._defaults, per_user=None)
         try:
             response = await self._http.get(path, headers={"Authorization": f"Bearer {self._bearer()}"})
         except (httpx.HTTPError, OSError):
+            return unknown
+        if response.status_code == 404:
             return self._defaults
         if response.status_code != 200:
-            return self._defaults
+            return unknown
         try:
-            spec = orjson.loads(response.content).get("spec") or {}
-            quota = (spec.get("sessionMemory") or {}).get("quota")
+            memory = (orjson.loads(response.content).get("spec") or {}).get("sessionMemory") or {}
+            quota, per_user = memory.get("quota"), memory.get("perUser") is True
         except (orjson.JSONDecodeError, AttributeError):
-            return self._defaults
-        return self._defaults.overridden(quota)
+            return unknown
+        return self._defaults.overridden(quota, per_user)
 
 
 @dataclass(slots=True)
@@ -163,6 +175,9 @@ class Quotas:
         self._ledger = ledger
         self._clock = clock
         self._buckets: dict[Owner, _Bucket] = {}
+
+    async def policy_of(self, owner: Owner) -> QuotaLimits:
+        return await self._limits.limits_of(owner)
 
     async def admit(self, op: str, owner: Owner, key: str) -> None:
         limits = await self._limits.limits_of(owner)

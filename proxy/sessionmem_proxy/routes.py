@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from sessionmem_core import api, wire
 from sessionmem_core.errors import MethodNotAllowed, NotFound
-from sessionmem_proxy import hot, lifecycle, params
+from sessionmem_proxy import admin, hot, lifecycle, params
 from sessionmem_proxy.context import ProxyContext
 from sessionmem_proxy.params import Param
 from sessionmem_proxy.replies import Reply, StreamReply, json_reply, text_reply
@@ -200,10 +200,32 @@ ROUTES: tuple[Route, ...] = (
         api.CONVERSATIONS_PATH,
         (_CONFIRM, *params.CALLER),
         lifecycle.clear_all,
-        wire.ClearResponse,
+        None,
         CALLER_STATUSES,
-        "Erase all of the agent's private conversations, per-user ones included (confirm=true)",
+        "Refused to every agent (403): erasing all of an agent's memory is an administrator's operation",
         "lifecycle",
+    ),
+    Route(
+        "admin_erase_agent",
+        "DELETE",
+        api.ADMIN_AGENT_MEMORY_PATH,
+        params.ADMIN,
+        admin.erase_agent_memory,
+        wire.ErasureReceipt,
+        CALLER_STATUSES,
+        "Erase all of an agent's memory, its users' buckets included (RBAC: delete agentdeployments/memory)",
+        "administration",
+    ),
+    Route(
+        "admin_erase_user",
+        "DELETE",
+        api.ADMIN_USER_MEMORY_PATH,
+        (*params.ADMIN, params.USER),
+        admin.erase_user_memory,
+        wire.ErasureReceipt,
+        CALLER_STATUSES,
+        "Erase one end user's memory with an agent (RBAC: delete agentdeployments/memory)",
+        "administration",
     ),
     Route(
         "erase_user",
@@ -228,10 +250,14 @@ class RouteTable:
         self.routes = routes
         self._fixed: dict[bytes, dict[str, Route]] = {}
         self._conversation: dict[bytes, dict[str, Route]] = {}
+        # Paths of named segments ({name}: one segment, percent-decoded), matched segment by segment.
+        self._templates: dict[tuple[str, ...], dict[str, Route]] = {}
         for route in routes:
             if route.path.startswith(_ONE):
                 suffix = route.path[len(_ONE) :].lstrip("/").encode()
                 self._conversation.setdefault(suffix, {})[route.method] = route
+            elif "{" in route.path:
+                self._templates.setdefault(tuple(route.path.split("/")), {})[route.method] = route
             else:
                 self._fixed.setdefault(route.path.encode(), {})[route.method] = route
         self._suffixes = [suffix for suffix in self._conversation if suffix]
@@ -241,7 +267,7 @@ class RouteTable:
         if fixed is not None:
             return _by_method(fixed, method), {}
         if not raw_path.startswith(_CONVERSATIONS):
-            raise NotFound(f"no route {raw_path.decode('latin-1')}")
+            return self._match_template(method, raw_path)
         rest = raw_path[len(_CONVERSATIONS) :]
         suffix = b""
         for candidate in self._suffixes:
@@ -250,6 +276,23 @@ class RouteTable:
                 break
         route = _by_method(self._conversation[suffix], method)
         return route, {params.CONVERSATION_ID.name: api.decode_path_segment(rest)}
+
+    def _match_template(self, method: str, raw_path: bytes) -> tuple[Route, Mapping[str, str]]:
+        segments = raw_path.split(b"/")
+        for template, by_method in self._templates.items():
+            if len(template) != len(segments):
+                continue
+            values: dict[str, str] = {}
+            for part, segment in zip(template, segments, strict=True):
+                if part.startswith("{"):
+                    if not segment:
+                        break
+                    values[part[1:-1]] = api.decode_path_segment(segment)
+                elif part.encode() != segment:
+                    break
+            else:
+                return _by_method(by_method, method), values
+        raise NotFound(f"no route {raw_path.decode('latin-1')}")
 
 
 class NotAllowedHere(MethodNotAllowed):

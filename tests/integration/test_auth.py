@@ -51,7 +51,7 @@ def _cluster_role(name: str) -> dict[str, str]:
 
 
 def _proxy_rbac(namespace: str) -> list[dict[str, Any]]:
-    """What the chart grants the proxy: TokenReview (system:auth-delegator) and reading registries."""
+    """What the chart grants the proxy: TokenReview (system:auth-delegator), reading registries and agents."""
     subject = [{"kind": "ServiceAccount", "name": "sessionmem-proxy", "namespace": namespace}]
     return [
         {
@@ -69,7 +69,10 @@ def _proxy_rbac(namespace: str) -> list[dict[str, Any]]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
             "metadata": {"name": f"{namespace}-proxy-registries"},
-            "rules": [{"apiGroups": [kube.GROUP], "resources": [kube.REGISTRY_PLURAL], "verbs": ["get", "list"]}],
+            "rules": [
+                {"apiGroups": [kube.GROUP], "resources": [kube.REGISTRY_PLURAL], "verbs": ["get", "list"]},
+                {"apiGroups": [kube.GROUP], "resources": [kube.AGENT_PLURAL], "verbs": ["get", "list", "watch"]},
+            ],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -32,6 +32,7 @@ from sessionmem_core import env, kube
 from sessionmem_operator.config import OperatorConfig
 from tests.harness import KubeApiError, KubeTestCluster
 from tests.harness.fixtures import namespace_name_for
+from tests.support.kube_tokens import agent_pod_token
 from tests.support.processes import ServiceProcess
 from tests.test_chart_lint import (
     CHART,
@@ -140,7 +141,10 @@ class Operator:
         (container,) = containers(deployment)
         spec = deployment["spec"]["template"]["spec"]
         self.variables = plain_env(container)
-        assert len(self.variables) == len(env_list(container)), "the operator's env is all literal values"
+        # All literal values but its own namespace, which the pod supplies (here: the release's).
+        from_pod = [e for e in env_list(container) if "value" not in e]
+        assert [e["name"] for e in from_pod] == [env.OPERATOR_NAMESPACE], from_pod
+        self.variables[env.OPERATOR_NAMESPACE] = release.namespace
 
         # Its config file is the chart's ConfigMap; only the liveness port moves to a free one.
         config_path = Path(self.variables[env.OPERATOR_CONFIG_FILE])
@@ -319,8 +323,9 @@ def test_chart_wires_operator_proxy_and_valkey(
             proxy = _proxy_process(release, valkey, tmp_path)
             try:
                 proxy.start()
-                agent_token = kube_cluster.mint_service_account_token(agents, account, audience, 900)
-                wrong_audience = kube_cluster.mint_service_account_token(agents, account, "sessionmem-proxy", 900)
+                # A token bound to a pod of the agent, as the kubelet projects it (the proxy refuses others).
+                agent_token = agent_pod_token(kube_cluster, agents, account, audience)
+                wrong_audience = agent_pod_token(kube_cluster, agents, account, "sessionmem-proxy")
                 headers = {"Authorization": f"Bearer {agent_token}"}
                 with httpx.Client(base_url=proxy.base_url, timeout=10) as client:
                     body = {"entries": [{"role": "user", "content": "hello from the seed agent"}]}

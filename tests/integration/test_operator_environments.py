@@ -120,7 +120,8 @@ def test_a_registry_member_outside_the_watched_namespaces_is_reported_not_retrie
     registry = f"team-{watched}"[:63]
     members = [{"namespace": watched, "name": "support-agent"}, {"namespace": outside, "name": "helper"}]
     try:
-        with run_operator(kube_cluster, tmp_path, environ={env.OPERATOR_PROXY_URL: PROXY_URL}, namespaces=[watched]):
+        operator_env = {env.OPERATOR_PROXY_URL: PROXY_URL, env.OPERATOR_NAMESPACE: "default"}
+        with run_operator(kube_cluster, tmp_path, environ=operator_env, namespaces=[watched]):
             kube_cluster.apply_manifests(seed_manifest(watched, sessionMemory={"scope": "shared"}))
             kube_cluster.apply_manifests(seed_manifest(outside, name="helper", sessionMemory={"scope": "shared"}))
             kube_cluster.apply_manifests(
@@ -142,7 +143,7 @@ def test_a_registry_member_outside_the_watched_namespaces_is_reported_not_retrie
             wired = conditions(body)["MembersWired"]
             assert (wired["status"], wired["reason"]) == ("False", "MembersOutsideWatchedNamespaces")
             assert f"{outside}/helper" in wired["message"] and "operator.watchNamespaces" in wired["message"]
-            # Events about a cluster-scoped object go to the operator's namespace ("default" outside a pod).
+            # Events about a cluster-scoped object go to the operator's namespace (here "default").
             (event,) = wait_for(
                 lambda: warnings_about(kube_cluster, "default", registry, "MembersOutsideWatchedNamespaces"),
                 "the registry's Warning Event",

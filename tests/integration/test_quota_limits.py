@@ -5,6 +5,7 @@ period (counted by the limit source itself)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -89,6 +90,19 @@ async def test_an_agent_deployment_quota_overrides_the_defaults(
     )
     limits = KubeAgentLimits(http, lambda: token, DEFAULTS, cache_seconds=60)
     assert await limits.limits_of(Owner(kube_namespace, "limited")) == QuotaLimits(3, 4096, 5.0, 10)
+    kube_cluster.apply_manifests(
+        [
+            {
+                "apiVersion": kube.API_VERSION,
+                "kind": kube.AGENT_KIND,
+                "metadata": {"name": "per-user", "namespace": kube_namespace},
+                "spec": {"image": "agent:1", "executionModel": "deployment", "sessionMemory": {"perUser": True}},
+            }
+        ]
+    )
+    # perUser comes from the cluster's truth too: the key resolver refuses that agent's user-less calls.
+    assert (await limits.limits_of(Owner(kube_namespace, "per-user"))).per_user is True
+    assert (await limits.limits_of(Owner(kube_namespace, "limited"))).per_user is False
 
 
 async def test_no_agent_deployment_means_the_defaults_with_one_call_per_cache_period(
@@ -103,5 +117,6 @@ async def test_no_agent_deployment_means_the_defaults_with_one_call_per_cache_pe
     await limits.limits_of(owner)
     assert limits.api_calls == 1
     # Without permission to read AgentDeployments the defaults apply too (never a locked-out agent).
+    # (its perUser flag is then unknown: None, on which the key resolver fails closed).
     forbidden = KubeAgentLimits(http, lambda: "not-a-token", DEFAULTS, cache_seconds=60)
-    assert await forbidden.limits_of(owner) == DEFAULTS
+    assert await forbidden.limits_of(owner) == dataclasses.replace(DEFAULTS, per_user=None)
