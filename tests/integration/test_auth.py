@@ -267,3 +267,76 @@ def test_shared_scope_needs_registry_membership(world: AuthWorld, valkey_server:
     assert outsider_write["scope"] == "session" and outsider_write["version"] == 1
     assert [e["content"] for e in outsider_read.json()["entries"]] == ["outsider"]
     assert valkey_server.client().llen(shared_key(registry, "thread")) == 2
+
+
+def _per_user_agent(world: AuthWorld, name: str) -> None:
+    world.cluster.apply_manifests(
+        [
+            {
+                "apiVersion": kube.API_VERSION,
+                "kind": kube.AGENT_KIND,
+                "metadata": {"name": name, "namespace": world.ns_a},
+                "spec": {"image": "agent:1", "executionModel": "deployment", "sessionMemory": {"perUser": True}},
+            }
+        ]
+    )
+
+
+def test_the_proxy_enforces_per_user_from_the_agent_deployment(world: AuthWorld) -> None:
+    """perUser is the cluster's truth, not the pod's word: the proxy reads it from the AgentDeployment and
+    refuses that agent's calls without a user (whatever its launcher says), never a shared bucket."""
+    _per_user_agent(world, "per-user-agent")
+    token = world.agent_token(world.ns_a, "per-user-agent")
+    alice = mint_capability(world.capability_key, "alice", Owner(world.ns_a, "per-user-agent"), 600)
+    with httpx.Client(base_url=world.proxy.base_url, timeout=10) as client:
+        bare = _append(client, token, "c1", "no user")
+        listed = client.get("/v1/conversations", headers=world.headers(token))
+        with_user = client.post(
+            "/v1/conversations/c1/entries",
+            json={"entries": [{"role": "user", "content": "alice's"}]},
+            headers=world.headers(token, **{"X-Sessionmem-User-Capability": alice}),
+        )
+    assert bare.status_code == 401 and bare.json()["error"]["type"] == "user_capability_required"
+    assert listed.status_code == 401
+    assert with_user.status_code == 200
+
+
+def test_an_administrator_erases_with_rbac_and_an_agent_cannot(world: AuthWorld, valkey_server: ValkeyProcess) -> None:
+    """The RBAC-authorised erase through the real proxy: a person with delete on agentdeployments/memory
+    erases the agent's memory and gets a receipt of exactly what left Valkey; a person without it and the
+    agent itself are refused, and the agent's own bulk erase is refused too."""
+    cluster, ns = world.cluster, world.ns_a
+    for person in ("alice-admin", "bob-viewer"):
+        cluster.create_service_account(ns, person)
+    rule = {"apiGroups": [kube.GROUP], "resources": [f"{kube.AGENT_PLURAL}/memory"], "verbs": ["delete"]}
+    cluster.apply_manifests(
+        [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": "memory-eraser", "namespace": ns}, "rules": [rule]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": "memory-eraser", "namespace": ns},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "memory-eraser"},
+             "subjects": [{"kind": "ServiceAccount", "name": "alice-admin", "namespace": ns}]},
+        ]
+    )  # fmt: skip
+    alice = cluster.mint_service_account_token(ns, "alice-admin", cluster.issuer)
+    bob = cluster.mint_service_account_token(ns, "bob-viewer", cluster.issuer)
+    agent = world.agent_token(ns, "erased-agent")
+    other = world.agent_token(ns, "kept-agent")
+    path = f"/v1/admin/namespaces/{ns}/agents/erased-agent/memory"
+    with httpx.Client(base_url=world.proxy.base_url, timeout=10) as client:
+        for conversation in ("a", "b"):
+            assert _append(client, agent, conversation, "to be erased").status_code == 200
+        assert _append(client, other, "a", "kept").status_code == 200
+        before = sorted(k.decode() for k in valkey_server.conversation_keys())
+        by_agent_bulk = client.delete("/v1/conversations", params={"confirm": "true"}, headers=world.headers(agent))
+        by_agent = client.delete(path, headers=world.headers(agent))
+        by_bob = client.delete(path, headers=world.headers(bob))
+        by_alice = client.delete(path, headers=world.headers(alice))
+    after = sorted(k.decode() for k in valkey_server.conversation_keys())
+    assert (by_agent_bulk.status_code, by_agent.status_code, by_bob.status_code) == (403, 403, 403)
+    assert "bob-viewer" in by_bob.json()["error"]["message"] and "cannot delete" in by_bob.json()["error"]["message"]
+    receipt = by_alice.json()
+    assert by_alice.status_code == 200 and receipt["erasedBy"].endswith(":alice-admin")
+    assert receipt["entries"] == 2 and receipt["keys"] == sorted(set(before) - set(after))
+    assert after == [f"mem:{ns}/kept-agent:a"]
