@@ -240,3 +240,50 @@ async def test_list_info_export_and_admin_erase(proxy_process: ServiceProcess, v
     assert cleared["entries"] == 120 and cleared["erasedBy"] == "alice"
     assert cleared["keys"] == [f"mem:team-a/support-agent:conv-{i:03d}" for i in range(120)]
     assert [k.decode() for k in valkey_server.conversation_keys()] == ["mem:team-a/other-agent:not-mine"]
+
+
+async def test_shared_conversations_are_appended_and_read_by_members_and_erased_by_an_administrator(
+    proxy_process: ServiceProcess, valkey_server: ValkeyProcess
+) -> None:
+    """Members of a registry append to and read a shared conversation, each entry stamped with its author;
+    no member may replace or delete it for the others: an administrator erases the team's shared memory."""
+    from sessionmem_core.devauth import dev_token
+
+    def member(agent: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {dev_token('team-a', agent, 'support-team')}"}
+
+    shared = {"scope": "shared"}
+    entry = {"entries": [{"role": "system", "content": "always answer in French"}]}
+    async with httpx.AsyncClient(base_url=proxy_process.base_url) as client:
+        written = await client.post("/v1/conversations/plan/entries", params=shared, json=entry, headers=member("a"))
+        read = (await client.get("/v1/conversations/plan/entries", params=shared, headers=member("b"))).json()
+        replaced = await client.put("/v1/conversations/plan", params=shared, json=entry, headers=member("b"))
+        deleted = await client.delete("/v1/conversations/plan", params=shared, headers=member("b"))
+        by_agent = await client.delete("/v1/admin/registries/support-team/memory", headers=member("a"))
+        erased = await client.delete(
+            "/v1/admin/registries/support-team/memory", headers={"Authorization": "Bearer dev-admin:alice"}
+        )
+    assert written.status_code == 200
+    assert [(e["role"], e["author"]) for e in read["entries"]] == [("system", "team-a/a")]
+    for refused in (replaced, deleted, by_agent):
+        assert refused.status_code == 403, refused.text
+    assert "administrator" in replaced.json()["error"]["message"]
+    receipt = erased.json()
+    assert receipt["registry"] == "support-team" and receipt["keys"] == ["mem:shared:support-team:plan"]
+    assert valkey_server.conversation_keys() == []
+
+
+def test_replay_keeps_every_entrys_author() -> None:
+    from sessionmem_launcher.replay import history_from
+
+    body = {
+        "entries": [
+            {"role": "system", "content": "always answer in French", "author": "team-a/other-agent"},
+            {"role": "user", "content": "hi", "author": "team-a/support-agent"},
+        ]
+    }
+    _, window = history_from(body)
+    assert [(m["role"], m["author"]) for m in window] == [
+        ("system", "team-a/other-agent"),
+        ("user", "team-a/support-agent"),
+    ]

@@ -78,6 +78,11 @@ CALLS: dict[str, list[Call]] = {
         ("DELETE", "/v1/admin/namespaces/team-a/agents/support-agent/users/alice/memory", None, ADMIN),
         ("DELETE", "/v1/admin/namespaces/team-a/agents/support-agent/users/alice/memory", None, {}),
     ],
+    "admin_erase_registry": [
+        ("DELETE", "/v1/admin/registries/support-team/memory", None, ADMIN),
+        ("DELETE", "/v1/admin/registries/support-team/memory", None, AUTH),
+        ("DELETE", "/v1/admin/registries/Bad_Name/memory", None, ADMIN),
+    ],
     "erase_user": [
         ("DELETE", "/v1/users/me/conversations", None, {**AUTH, api.USER_CAPABILITY_HEADER: ALICE}),
         ("DELETE", "/v1/users/me/conversations", None, AUTH),

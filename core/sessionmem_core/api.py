@@ -115,6 +115,7 @@ CONVERSATIONS_PATH = f"{API_PREFIX}/conversations"
 USER_CONVERSATIONS_PATH = f"{API_PREFIX}/users/me/conversations"
 # Administration: a person's act, authorised by Kubernetes RBAC on agentdeployments/memory.
 ADMIN_AGENT_MEMORY_PATH = f"{API_PREFIX}/admin/namespaces/{{namespace}}/agents/{{agent}}/memory"
+ADMIN_REGISTRY_MEMORY_PATH = f"{API_PREFIX}/admin/registries/{{registry}}/memory"
 ADMIN_USER_MEMORY_PATH = f"{API_PREFIX}/admin/namespaces/{{namespace}}/agents/{{agent}}/users/{{user}}/memory"
 
 

@@ -115,6 +115,7 @@ class ErasureReceipt(_Model):
     namespace: str
     agent: str
     user: str | None = Field(default=None, description="The end user whose memory was erased, if only theirs.")
+    registry: str | None = Field(default=None, description="The AgentRegistry whose shared memory was erased.")
     keys: list[str] = Field(description="The Valkey keys removed.")
     entries: int = Field(description="How many entries they held.")
     erasedBy: str = Field(description="The Kubernetes user the API server vouched for.")  # noqa: N815

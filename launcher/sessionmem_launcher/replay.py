@@ -72,8 +72,10 @@ def within_budget(
 
 
 def history_from(body: dict[str, Any]) -> tuple[Message | None, list[Message]]:
-    """(summary as a system message, window) from a read response."""
-    window = [{"role": e["role"], "content": e["content"]} for e in body.get("entries", [])]
+    """(summary as a system message, window of ``{"role", "content", "author"}``) from a read response."""
+    # Every entry keeps its author (system ones included): in a shared conversation a member must know
+    # which agent said what, and an instruction another member wrote must not pass for the agent's own.
+    window = [{"role": e["role"], "content": e["content"], "author": e.get("author")} for e in body.get("entries", [])]
     raw = body.get("summary")
     summary = {"role": "system", "content": SUMMARY_PREFIX + str(raw["content"])} if raw else None
     return summary, window

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from sessionmem_core import kube, wire
 from sessionmem_core.errors import AuthUnavailable, Forbidden, Unauthenticated
-from sessionmem_core.keys import Owner, session_prefix
+from sessionmem_core.keys import Owner, session_prefix, shared_prefix
 from sessionmem_proxy.identity import bearer_token
 from sessionmem_proxy.kubeapi import KubeAPI
 from sessionmem_proxy.replies import Reply, model_reply
@@ -50,15 +50,19 @@ class Administrator:
 
 
 class AdminAuthorizer(Protocol):
-    async def authorize(self, bearer_token: str | None, verb: str, namespace: str, agent: str | None) -> Administrator:
+    async def authorize(
+        self, bearer_token: str | None, verb: str, namespace: str, agent: str | None, resource: str = kube.AGENT_PLURAL
+    ) -> Administrator:
         """The administrator, when they may ``verb`` the memory of ``namespace/agent`` (of every agent in
-        the namespace when ``agent`` is None); typed errors otherwise."""
+        the namespace when ``agent`` is None; of the cluster-scoped AgentRegistry ``agent`` when
+        ``resource`` is agentregistries and ``namespace`` is empty); typed errors otherwise."""
         ...
 
 
-def denial(admin: Administrator, verb: str, namespace: str, agent: str | None) -> Forbidden:
-    target = f"agentdeployments/{MEMORY_SUBRESOURCE}" + (f" {agent!r}" if agent else "")
-    return Forbidden(f"user {admin.username!r} cannot {verb} {target} in namespace {namespace!r}")
+def denial(admin: Administrator, verb: str, namespace: str, name: str | None, resource: str) -> Forbidden:
+    target = f"{resource}/{MEMORY_SUBRESOURCE}" + (f" {name!r}" if name else "")
+    where = f" in namespace {namespace!r}" if namespace else ""
+    return Forbidden(f"user {admin.username!r} cannot {verb} {target}{where}")
 
 
 class KubeAdminAuthorizer:
@@ -67,7 +71,9 @@ class KubeAdminAuthorizer:
         self._api = api
         self._agent_audience = agent_audience
 
-    async def authorize(self, bearer_token: str | None, verb: str, namespace: str, agent: str | None) -> Administrator:
+    async def authorize(
+        self, bearer_token: str | None, verb: str, namespace: str, agent: str | None, resource: str = kube.AGENT_PLURAL
+    ) -> Administrator:
         if not bearer_token:
             raise Unauthenticated("missing bearer token")
         status = await self._token_review(bearer_token, None)
@@ -88,8 +94,8 @@ class KubeAdminAuthorizer:
         parsed = kube.parse_service_account_username(admin.username)
         if parsed is not None and kube.agent_from_service_account(parsed[1]) is not None:
             raise Forbidden("memory administration is a person's act: an agent's token cannot do it")
-        if not await self._allowed(admin, verb, namespace, agent):
-            raise denial(admin, verb, namespace, agent)
+        if not await self._allowed(admin, verb, namespace, agent, resource):
+            raise denial(admin, verb, namespace, agent, resource)
         return admin
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -113,14 +119,10 @@ class KubeAdminAuthorizer:
         review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
         return await self._post("/apis/authentication.k8s.io/v1/tokenreviews", review)
 
-    async def _allowed(self, admin: Administrator, verb: str, namespace: str, agent: str | None) -> bool:
-        attributes = {
-            "group": kube.GROUP,
-            "resource": kube.AGENT_PLURAL,
-            "subresource": MEMORY_SUBRESOURCE,
-            "verb": verb,
-            "namespace": namespace,
-        }
+    async def _allowed(self, admin: Administrator, verb: str, namespace: str, agent: str | None, resource: str) -> bool:
+        attributes = {"group": kube.GROUP, "resource": resource, "subresource": MEMORY_SUBRESOURCE, "verb": verb}
+        if namespace:
+            attributes["namespace"] = namespace
         if agent:
             attributes["name"] = agent
         review = {
@@ -142,7 +144,9 @@ class DevAdminAuthorizer:
     """The explicit dev auth mode's administrator: ``dev-admin:<name>`` may do everything, nothing else
     may. Off unless the proxy runs with SESSIONMEM_AUTH_MODE=dev, which the chart never sets."""
 
-    async def authorize(self, bearer_token: str | None, verb: str, namespace: str, agent: str | None) -> Administrator:
+    async def authorize(
+        self, bearer_token: str | None, verb: str, namespace: str, agent: str | None, resource: str = kube.AGENT_PLURAL
+    ) -> Administrator:
         if not bearer_token:
             raise Unauthenticated("missing bearer token")
         if not bearer_token.startswith(DEV_ADMIN_PREFIX) or len(bearer_token) == len(DEV_ADMIN_PREFIX):
@@ -154,38 +158,57 @@ async def erase_agent_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel 
     """Every conversation of one agent, its users' buckets included: for a person allowed to delete the
     memory of that AgentDeployment."""
     owner = Owner(p["namespace"], p["agent"])
-    return await _erase(ctx, p, owner, None, session_prefix(owner))
+    return await _erase(ctx, p, session_prefix(owner), owner.namespace, owner.agent, kube.AGENT_PLURAL)
 
 
 async def erase_user_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
     """One end user's conversations with one agent (their bucket), for a person allowed to delete the
     memory of that AgentDeployment. The bucket is derived as the proxy derives it for the user's turns."""
     owner = Owner(p["namespace"], p["agent"])
-    return await _erase(ctx, p, owner, p["user"], ctx.keys.bucket_prefix(owner, p["user"]))
+    prefix = ctx.keys.bucket_prefix(owner, p["user"])
+    return await _erase(ctx, p, prefix, owner.namespace, owner.agent, kube.AGENT_PLURAL, user=p["user"])
 
 
-async def _erase(ctx: ProxyContext, p: dict[str, Any], owner: Owner, user: str | None, prefix: str) -> Reply:
+async def erase_registry_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+    """Every shared conversation of one AgentRegistry's team: its members append and read them, but
+    replacing or erasing them is a person's act (delete on agentregistries/memory, cluster-scoped)."""
+    prefix = shared_prefix(p["registry"])  # a typed 400 for a name that is not a DNS label
+    return await _erase(ctx, p, prefix, "", p["registry"], kube.REGISTRY_PLURAL)
+
+
+async def _erase(
+    ctx: ProxyContext,
+    p: dict[str, Any],
+    prefix: str,
+    namespace: str,
+    name: str,
+    resource: str,
+    user: str | None = None,
+) -> Reply:
     from sessionmem_proxy.lifecycle import delete_all  # lifecycle's handlers and these share one eraser
 
     if ctx.admin is None:
         raise Forbidden("memory administration is not enabled on this proxy")
-    admin = await ctx.admin.authorize(bearer_token(p["authorization"]), ERASE, owner.namespace, owner.agent)
+    admin = await ctx.admin.authorize(bearer_token(p["authorization"]), ERASE, namespace, name, resource)
     with ctx.tracer.span("admin_erase", "", p["traceparent"]) as span:
         removed, entries = await delete_all(ctx, prefix)
         span.entries = entries
+    target = f"{namespace}/{name}" if namespace else f"registry {name}"
     _AUDIT.warning(
-        "memory erased by %s: %s%s, %d keys, %d entries",
-        admin.username,
-        owner.author,
+        "memory of %s%s erased by %s: %d keys, %d entries",
+        target,
         " (one user)" if user is not None else "",
+        admin.username,
         len(removed),
         entries,
     )
+    registry = name if resource == kube.REGISTRY_PLURAL else None
     return model_reply(
         wire.ErasureReceipt(
-            namespace=owner.namespace,
-            agent=owner.agent,
+            namespace=namespace,
+            agent="" if registry else name,
             user=user,
+            registry=registry,
             keys=sorted(removed),
             entries=entries,
             erasedBy=admin.username,

@@ -54,6 +54,7 @@ async def replace(ctx: ProxyContext, p: Params, body: BaseModel | None) -> Reply
     assert isinstance(body, wire.ReplaceRequest)  # the route table validated it
     expected = _parse_if_match(p["if_match"])
     async with operation(ctx, "replace", p) as op:
+        _refuse_on_shared(op.scope)
         result = await ctx.store.replace(
             op.key,
             await new_entries(ctx, body.entries, p["redact"]),
@@ -67,8 +68,19 @@ async def replace(ctx: ProxyContext, p: Params, body: BaseModel | None) -> Reply
         return memory_reply(response, op.scope, result.stored, result.version)
 
 
+def _refuse_on_shared(scope: str) -> None:
+    """A shared conversation is its team's: a member appends and reads it; rewriting or erasing it for
+    everyone is an administrator's act (admin.erase_registry_memory)."""
+    if scope == Scope.SHARED.value:
+        raise Forbidden(
+            "a shared conversation is its team's: members append and read it; replacing or deleting it is an "
+            f"administrator's operation (DELETE {api.ADMIN_REGISTRY_MEMORY_PATH})"
+        )
+
+
 async def delete(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
     async with operation(ctx, "delete", p) as op:
+        _refuse_on_shared(op.scope)
         removed = await ctx.store.delete(op.key)
         op.span.entries = removed
         response = wire.DeleteResponse(deleted=removed > 0, entries=removed, scope=op.scope)

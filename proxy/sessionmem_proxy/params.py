@@ -154,6 +154,15 @@ USER = Param(
     "user", "user", "path", {"type": "string", "minLength": 1, "maxLength": 256}, _identity, required=True,
     description="The end user's id, as the caller's side signs it into capabilities",
 )  # fmt: skip
+REGISTRY = Param(
+    "registry",
+    "registry",
+    "path",
+    {"type": "string"},
+    _identity,
+    required=True,
+    description="Name of the AgentRegistry",
+)
 ADMIN_AUTHORIZATION = header(
     "authorization", "authorization", "Bearer token of the administrator: their own Kubernetes credential"
 )

@@ -228,6 +228,17 @@ ROUTES: tuple[Route, ...] = (
         "administration",
     ),
     Route(
+        "admin_erase_registry",
+        "DELETE",
+        api.ADMIN_REGISTRY_MEMORY_PATH,
+        (params.REGISTRY, params.ADMIN_AUTHORIZATION, params.TRACEPARENT),
+        admin.erase_registry_memory,
+        wire.ErasureReceipt,
+        CALLER_STATUSES,
+        "Erase every shared conversation of a registry's team (RBAC: delete agentregistries/memory)",
+        "administration",
+    ),
+    Route(
         "erase_user",
         "DELETE",
         api.USER_CONVERSATIONS_PATH,
