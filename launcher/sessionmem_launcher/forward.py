@@ -35,7 +35,8 @@ _SCOPE = api.SCOPE_HEADER.encode()
 @dataclass(frozen=True, slots=True)
 class CallerHeaders:
     """The only request headers of a caller that reach the proxy (an allow-list: an identity header the
-    agent sets never does; the identity is the pod's token)."""
+    agent sets never does; the identity is the pod's token). ``capability`` is the end user's, as the
+    launcher holds it: never read from an agent's request (``sessionmem_launcher.turns``)."""
 
     capability: str | None = None
     traceparent: str | None = None
@@ -43,9 +44,9 @@ class CallerHeaders:
     if_match: str | None = None
 
     @classmethod
-    def of(cls, get: _HeaderGetter) -> CallerHeaders:
+    def of(cls, get: _HeaderGetter, capability: str | None) -> CallerHeaders:
         return cls(
-            capability=get(api.USER_CAPABILITY_HEADER),
+            capability=capability,
             traceparent=get(api.TRACEPARENT_HEADER),
             tracestate=get("tracestate"),
             if_match=get("if-match"),
@@ -146,7 +147,9 @@ class Forwarder:
                 if self._settings.per_user and caller.capability is None:
                     # Without the user's capability this agent's memory would mix users: refuse, never fall back.
                     raise UserCapabilityRequired(
-                        f"this agent keeps memory per user: send the {api.USER_CAPABILITY_HEADER} header"
+                        "this agent keeps memory per user: a memory call needs the live turn handle the launcher "
+                        f"sent with the request ({api.TURN_HEADER}), and that request the caller's "
+                        f"{api.USER_CAPABILITY_HEADER}"
                     )
                 target = api.memory_path(op, conversation_id, path)
                 reply = await self._send(method, op, target, query, body or None, caller)

@@ -1,6 +1,10 @@
 """The agent's memory endpoint on 127.0.0.1: the memory API, each operation handed to ``Forwarder.forward``
 (which adds the pod's identity and parameters). Besides, ``/healthz`` and ``/openapi.json`` (the committed
-document, ``openapi.json`` next to this module, so the wheel ships it)."""
+document, ``openapi.json`` next to this module, so the wheel ships it).
+
+A call acts for an end user only through the live turn handle it names (``X-Sessionmem-Turn``), which the
+launcher resolves to the capability it holds for that turn; a user capability itself is never accepted
+here (``sessionmem_launcher.turns``)."""
 
 from __future__ import annotations
 
@@ -11,9 +15,10 @@ from granian._granian import RSGIHTTPProtocol as HTTPProtocol
 from granian.rsgi import Scope
 
 from sessionmem_core import api
-from sessionmem_core.errors import InvalidConversationId, NotFound, SessionMemError
+from sessionmem_core.errors import CapabilityNotAccepted, InvalidConversationId, NotFound, SessionMemError
 from sessionmem_launcher.forward import CallerHeaders, Forwarder
 from sessionmem_launcher.serving import RequestLimits, json_headers, respond, respond_error
+from sessionmem_launcher.turns import TurnBindings
 
 HEALTH_PATH = "/healthz"
 OPENAPI_PATH = "/openapi.json"
@@ -24,9 +29,10 @@ _UNDECODABLE = "\ufffd"
 
 
 class MemoryEndpoint:
-    def __init__(self, forwarder: Forwarder, limits: RequestLimits) -> None:
+    def __init__(self, forwarder: Forwarder, limits: RequestLimits, turns: TurnBindings) -> None:
         self._forwarder = forwarder
         self._limits = limits
+        self._turns = turns
 
     async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
         limits = self._limits
@@ -54,6 +60,7 @@ class MemoryEndpoint:
         op, conversation_id = api.memory_route(method, path)
         if conversation_id is not None and _UNDECODABLE in conversation_id:
             raise InvalidConversationId("conversationId must be percent-encoded UTF-8")
+        capability = self._capability_of(scope)
         reply = await self._forwarder.forward(
             method,
             op,
@@ -61,9 +68,20 @@ class MemoryEndpoint:
             path,
             api.parse_query(scope.query_string.encode("latin-1")),
             partial(self._limits.read_body, scope, proto),
-            CallerHeaders.of(scope.headers.get),
+            CallerHeaders.of(scope.headers.get, capability),
         )
         proto.response_bytes(reply.status, json_headers(reply.status), reply.body)
+
+    def _capability_of(self, scope: Scope) -> str | None:
+        """The capability of the turn the call names, or None for a call outside any user's turn."""
+        headers = scope.headers
+        if api.USER_CAPABILITY_HEADER in headers:
+            raise CapabilityNotAccepted(
+                f"the memory endpoint never takes a user capability ({api.USER_CAPABILITY_HEADER}): send the "
+                f"turn handle the launcher gave the agent with the request ({api.TURN_HEADER})"
+            )
+        handle = headers.get(api.TURN_HEADER)
+        return None if handle is None else self._turns.resolve(handle)
 
 
 OPENAPI_FILE = Path(__file__).with_name("openapi.json")
