@@ -131,6 +131,16 @@ async def test_a_capability_or_a_dead_turn_sent_by_the_agent_never_reaches_the_p
         assert isinstance(from_wire(refused.status_code, refused.content), CapabilityNotAccepted)
     assert dead.status_code == 401 and isinstance(from_wire(dead.status_code, dead.content), TurnNotLive)
     assert recorder.requests == [], "none of these reached the proxy"
+    # Each refusal fails its operation's span, so an agent replaying handles shows in the traces.
+    spans = [
+        (s.name, dict(s.attributes or {})["memory.outcome"], s.status.status_code)
+        for s in span_exporter.get_finished_spans()
+    ]
+    assert spans == [
+        ("memory.get", "capability_not_accepted", StatusCode.ERROR),
+        ("memory.append", "capability_not_accepted", StatusCode.ERROR),
+        ("memory.erase_user", "turn_not_live", StatusCode.ERROR),
+    ]
 
 
 async def test_unrouted_requests_health_and_head_are_answered_as_before(recorded: tuple[Recorder, str]) -> None:

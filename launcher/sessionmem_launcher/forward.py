@@ -131,15 +131,19 @@ class Forwarder:
         query: Sequence[tuple[str, str]],
         body: bytes | Callable[[], Awaitable[bytes]] | None,
         caller: CallerHeaders,
+        capability_of: Callable[[], str | None] | None = None,
     ) -> MemoryReply:
         """Forward one memory operation (``op`` and ``conversation_id`` as ``api.memory_route`` gives them,
         ``path`` the decoded path it came on) and answer with the proxy's status and body, or the typed
         answer of what stopped it. ``body`` may be a reader of the request's body, so that a body over the
-        limit or too slow to arrive fails this operation's span like any other refusal."""
+        limit or too slow to arrive fails this operation's span like any other refusal; ``capability_of``,
+        when given, finds the caller's capability (the agent's turn) for the same reason."""
         try:
             with self.tracer.span(op, conversation_id or "", caller.traceparent, caller.tracestate) as span:
                 if conversation_id is not None:
                     validate_conversation_id(conversation_id)
+                if capability_of is not None:
+                    caller = CallerHeaders(capability_of(), caller.traceparent, caller.tracestate, caller.if_match)
                 if callable(body):
                     body = await body()
                 if op in _WRITES and not body:

@@ -60,7 +60,6 @@ class MemoryEndpoint:
         op, conversation_id = api.memory_route(method, path)
         if conversation_id is not None and _UNDECODABLE in conversation_id:
             raise InvalidConversationId("conversationId must be percent-encoded UTF-8")
-        capability = self._capability_of(scope)
         reply = await self._forwarder.forward(
             method,
             op,
@@ -68,7 +67,8 @@ class MemoryEndpoint:
             path,
             api.parse_query(scope.query_string.encode("latin-1")),
             partial(self._limits.read_body, scope, proto),
-            CallerHeaders.of(scope.headers.get, capability),
+            CallerHeaders.of(scope.headers.get, None),
+            partial(self._capability_of, scope),
         )
         proto.response_bytes(reply.status, json_headers(reply.status), reply.body)
 
