@@ -24,6 +24,7 @@ from sessionmem_client import (
     PayloadTooLarge,
     Role,
     SessionMemError,
+    TurnNotLive,
     Unauthenticated,
     VersionConflict,
     default_base_url,
@@ -237,8 +238,12 @@ async def test_server_errors_come_back_typed(launcher: Launcher, proxy_process: 
         with pytest.raises(PayloadTooLarge) as too_large:
             await memory.append(cid, big)
         assert too_large.value.status == 413
-        with pytest.raises(Unauthenticated):  # the capability is forwarded; this proxy cannot verify one
-            await memory.with_user_capability("smc1.forged.signature").read(cid)
+        with launcher.turns.bound("smc1.forged.signature") as turn, pytest.raises(Unauthenticated):
+            # The turn's capability is forwarded; this proxy cannot verify one.
+            await memory.with_turn(turn).read(cid)
+        with pytest.raises(TurnNotLive) as over:  # the memory endpoint's own 401, rebuilt by from_wire
+            await memory.with_turn(turn).read(cid)
+        assert over.value.status == 401 and isinstance(over.value, Unauthenticated)
         proxy_process.stop()
         with pytest.raises(BackendUnavailable) as down:  # the launcher's typed 503, rebuilt by from_wire
             await memory.read(cid)
@@ -272,10 +277,10 @@ async def test_an_endpoint_that_does_not_answer_in_time_is_backend_unavailable()
         silent.close()
 
 
-@pytest.mark.parametrize("capability", ["smc1.a\r\nx-sessionmem-agent: other", "smc1.caf\u00e9"])
-def test_a_capability_that_is_not_a_plain_header_value_is_refused(capability: str) -> None:
+@pytest.mark.parametrize("turn", ["smt1.a\r\nx-sessionmem-agent: other", "smt1.caf\u00e9"])
+def test_a_turn_handle_that_is_not_a_plain_header_value_is_refused(turn: str) -> None:
     # Refused before anything is sent: nothing listens on this port, a request would be BackendUnavailable.
-    with MemoryClient(closed_port_url(), user_capability=capability) as memory, pytest.raises(InvalidRequest):
+    with MemoryClient(closed_port_url(), turn=turn) as memory, pytest.raises(InvalidRequest):
         memory.read("fine")
 
 
@@ -388,7 +393,7 @@ def test_entries_and_arguments_are_checked_before_the_network() -> None:
 # --- what goes on the wire ---
 
 
-def test_requests_carry_the_capability_trace_context_and_if_match() -> None:
+def test_requests_carry_the_turn_trace_context_and_if_match() -> None:
     seen: list[httpx.Request] = []
     answers = {
         "PUT": {"version": 8, "stored": 1, "scope": "session"},
@@ -401,21 +406,21 @@ def test_requests_carry_the_capability_trace_context_and_if_match() -> None:
 
     transport = httpx.MockTransport(answer)
     with MemoryClient(
-        "http://memory.test/", user_capability="smc1.cap.sig", traceparent=TRACEPARENT, transport=transport
+        "http://memory.test/", turn="smt1.handle", traceparent=TRACEPARENT, transport=transport
     ) as memory:
         assert memory.read("a?b", limit=3, summary=True).version == 7
         assert memory.replace("a?b", [{"role": "user", "content": "x"}], if_version=7).version == 8
         other = f"00-{'1' * 32}-{'2' * 16}-01"
-        memory.with_user_capability(None).read("a?b", traceparent=other)
+        memory.with_turn(None).read("a?b", traceparent=other)
     read, replace, anonymous = seen
     assert read.url.raw_path == b"/v1/conversations/a%3Fb/entries?limit=3&summary=true"
-    assert read.headers[api.USER_CAPABILITY_HEADER] == "smc1.cap.sig"
+    assert read.headers[api.TURN_HEADER] == "smt1.handle" and api.USER_CAPABILITY_HEADER not in read.headers
     assert read.headers["traceparent"] == TRACEPARENT
     assert "if-match" not in read.headers and "authorization" not in read.headers
     assert replace.url.raw_path == b"/v1/conversations/a%3Fb"
     assert replace.headers["if-match"] == "7" and replace.headers["content-type"] == "application/json"
     assert orjson.loads(replace.content) == {"entries": [{"role": "user", "content": "x"}]}
-    assert api.USER_CAPABILITY_HEADER not in anonymous.headers
+    assert api.TURN_HEADER not in anonymous.headers
     assert anonymous.headers["traceparent"] == other, "a per-call traceparent wins"
 
 

@@ -4,19 +4,29 @@ in-process launcher -> real proxy process -> real valkey-server."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from starlette.types import Receive, Scope, Send
 
-from sessionmem_client import AsyncMemoryClient, ConversationInfo, History, MemoryClient, new_conversation_id
-from sessionmem_core import env
+from sessionmem_client import (
+    AsyncMemoryClient,
+    ConversationInfo,
+    History,
+    MemoryClient,
+    TurnNotLive,
+    new_conversation_id,
+)
+from sessionmem_core import api, env
 from sessionmem_core.capability import mint_capability, new_key
 from sessionmem_core.keys import Owner, session_key, session_prefix
-from sessionmem_launcher.server import Launcher
+from sessionmem_launcher.server import Launcher, serve_in_background
 from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess, free_port
@@ -133,41 +143,96 @@ async def per_user_launcher(per_user_proxy: ServiceProcess, dev_token_file: Path
 async def test_erase_user_removes_only_that_users_conversations(
     per_user_launcher: Launcher, valkey_server: ValkeyProcess, capability_key: bytes
 ) -> None:
+    # The handles of two turns in flight, as the managed loop binds them for the requests it relays.
+    turns = per_user_launcher.turns
     alice_cap = mint_capability(capability_key, "alice", OWNER, 600)
     bob_cap = mint_capability(capability_key, "bob", OWNER, 600)
-    async with AsyncMemoryClient(memory_url(per_user_launcher), user_capability=alice_cap) as alice:
-        bob = alice.with_user_capability(bob_cap)
-        await alice.append_exchange("c1", "I am Alice", "Hi Alice")
-        await alice.append_exchange("c2", "Alice again", "Hello")
-        await bob.append_exchange("c1", "I am Bob", "Hi Bob")
-        assert [e.content for e in (await bob.read("c1")).entries] == ["I am Bob", "Hi Bob"], "buckets are per user"
-        assert sorted([c async for c in alice.iter_conversations()]) == ["c1", "c2"]
-        assert len(agent_keys(valkey_server)) == 3
+    with turns.bound(alice_cap) as alice_turn, turns.bound(bob_cap) as bob_turn:
+        async with AsyncMemoryClient(memory_url(per_user_launcher), turn=alice_turn) as alice:
+            bob = alice.with_turn(bob_turn)
+            await alice.append_exchange("c1", "I am Alice", "Hi Alice")
+            await alice.append_exchange("c2", "Alice again", "Hello")
+            await bob.append_exchange("c1", "I am Bob", "Hi Bob")
+            assert [e.content for e in (await bob.read("c1")).entries] == ["I am Bob", "Hi Bob"], "per-user buckets"
+            assert sorted([c async for c in alice.iter_conversations()]) == ["c1", "c2"]
+            assert len(agent_keys(valkey_server)) == 3
 
-        erased = await alice.erase_user()
-        assert (sorted(erased.conversations), erased.entries) == (["c1", "c2"], 4)
-        assert (await alice.read("c1")).entries == []
-        assert [e.content for e in (await bob.read("c1")).entries] == ["I am Bob", "Hi Bob"]
+            erased = await alice.erase_user()
+            assert (sorted(erased.conversations), erased.entries) == (["c1", "c2"], 4)
+            assert (await alice.read("c1")).entries == []
+            assert [e.content for e in (await bob.read("c1")).entries] == ["I am Bob", "Hi Bob"]
     assert len(agent_keys(valkey_server)) == 1
 
-    def sync_erase() -> list[str]:
-        with MemoryClient(memory_url(per_user_launcher), user_capability=bob_cap) as memory:
+    def sync_erase(turn: str) -> list[str]:
+        with MemoryClient(memory_url(per_user_launcher), turn=turn) as memory:
             return memory.erase_user().conversations
 
-    assert await asyncio.to_thread(sync_erase) == ["c1"]
+    with turns.bound(bob_cap) as bob_turn:
+        assert await asyncio.to_thread(sync_erase, bob_turn) == ["c1"]
     assert agent_keys(valkey_server) == []
+    with pytest.raises(TurnNotLive):  # that turn is over: its handle erases nothing any more
+        await asyncio.to_thread(sync_erase, bob_turn)
 
 
-async def test_the_per_user_example_of_the_docs_runs(
-    per_user_launcher: Launcher, valkey_server: ValkeyProcess, capability_key: bytes, monkeypatch: pytest.MonkeyPatch
+@dataclass
+class DocsExampleAgent:
+    """An agent whose request handler is the per-user example of docs/client.md: it reads the request's
+    headers and JSON body (``conversation``, ``input``, or ``forget``) and answers ``output``."""
+
+    handle_request: Callable[[Mapping[str, str], str, str], str]
+    forget_me: Callable[[Mapping[str, str]], list[str]]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        request = orjson.loads(body)
+        if request.get("forget"):
+            output: object = await asyncio.to_thread(self.forget_me, headers)
+        else:
+            output = await asyncio.to_thread(self.handle_request, headers, request["conversation"], request["input"])
+        answer = orjson.dumps({"output": output})
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": answer})
+
+
+async def test_the_per_user_example_of_the_docs_runs_as_an_agent(
+    per_user_proxy: ServiceProcess,
+    dev_token_file: Path,
+    valkey_server: ValkeyProcess,
+    capability_key: bytes,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     (code,) = [code for section, code in EXAMPLES if code.startswith(NOT_RUN) and "per-user" in section.lower()]
-    monkeypatch.setenv(env.LAUNCHER_PORT, str(per_user_launcher.memory_port))
     namespace: dict[str, Any] = {"__name__": "docs_example"}
     exec(compile(code, "docs/client.md", "exec"), namespace)  # noqa: S102 - our own documentation
-    alice = mint_capability(capability_key, "alice", OWNER, 600)
-    await asyncio.to_thread(namespace["handle_turn"], alice, "c1", "hello")
-    await asyncio.to_thread(namespace["handle_turn"], alice, "c1", "again")
-    assert len(agent_keys(valkey_server)) == 1
-    assert await asyncio.to_thread(namespace["forget_me"], alice) == ["c1"]
+    agent = await serve_in_background(DocsExampleAgent(namespace["handle_request"], namespace["forget_me"]))
+    settings = launcher_settings(
+        per_user_proxy.base_url, dev_token_file, **{env.PER_USER: "true", env.AGENT_PORT: str(agent.port)}
+    )
+    launcher = Launcher(settings, tracer_provider=TracerProvider(), serve_host="127.0.0.1")
+    await launcher.start()
+    monkeypatch.setenv(env.LAUNCHER_PORT, str(launcher.memory_port))  # the client's default URL, as in a pod
+    alice = {api.USER_CAPABILITY_HEADER: mint_capability(capability_key, "alice", OWNER, 600)}
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.serve_port}") as client:
+
+            async def request(body: dict[str, Any]) -> object:
+                response = await client.post("/", json=body, headers=alice)  # single-shot: the agent's own memory
+                assert response.status_code == 200, response.text
+                return response.json()["output"]
+
+            assert await request({"conversation": "c1", "input": "hello"}) == "I can see 0 earlier messages."
+            assert await request({"conversation": "c1", "input": "again"}) == "I can see 2 earlier messages."
+            assert len(agent_keys(valkey_server)) == 1
+            assert await request({"forget": True}) == ["c1"]
+    finally:
+        await launcher.stop()
+        await agent.stop()
     assert agent_keys(valkey_server) == []

@@ -147,14 +147,20 @@ async def test_through_the_launcher_user_headers_set_by_the_agent_change_nothing
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as client:
             missing = await client.post(path, json=body, headers={"X-User-Id": "mallory"})
-            as_alice = await client.post(
-                path, json=body, headers={"X-Sessionmem-User-Capability": alice, "X-User-Id": "mallory"}
-            )
-            alice_view = await client.get(path, headers={"X-Sessionmem-User-Capability": alice})
+            raw_capability = await client.post(path, json=body, headers={"X-Sessionmem-User-Capability": alice})
+            # Alice's turn in flight, as the managed loop binds it for the request it relays to the agent.
+            with launcher.turns.bound(alice) as turn:
+                as_alice = await client.post(
+                    path, json=body, headers={"X-Sessionmem-Turn": turn, "X-User-Id": "mallory"}
+                )
+                alice_view = await client.get(path, headers={"X-Sessionmem-Turn": turn})
+            after_the_turn = await client.get(path, headers={"X-Sessionmem-Turn": turn})
     finally:
         await launcher.stop()
     assert missing.status_code == 401 and missing.json()["error"]["type"] == "user_capability_required"
+    assert raw_capability.status_code == 401 and raw_capability.json()["error"]["type"] == "capability_not_accepted"
     assert as_alice.status_code == 200
     assert [e["content"] for e in alice_view.json()["entries"]] == ["hello"]
+    assert after_the_turn.status_code == 401 and after_the_turn.json()["error"]["type"] == "turn_not_live"
     keys = [k.decode() for k in valkey_server.conversation_keys()]
     assert len(keys) == 1 and ":u:" in keys[0] and "mallory" not in keys[0]

@@ -16,7 +16,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from sessionmem_core import api, env
-from sessionmem_core.errors import Unauthenticated, UserCapabilityRequired, from_wire
+from sessionmem_core.errors import (
+    CapabilityNotAccepted,
+    TurnNotLive,
+    Unauthenticated,
+    UserCapabilityRequired,
+    from_wire,
+)
 from sessionmem_launcher.server import Launcher, serve_in_background
 from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess
@@ -41,8 +47,10 @@ class Recorder:
 
 
 @pytest.fixture
-async def recorded(dev_token_file: Path, span_exporter: InMemorySpanExporter) -> AsyncIterator[tuple[Recorder, str]]:
-    """A launcher whose proxy is a ``Recorder``; yields it and the launcher's memory URL."""
+async def recording_launcher(
+    dev_token_file: Path, span_exporter: InMemorySpanExporter
+) -> AsyncIterator[tuple[Recorder, Launcher]]:
+    """A launcher whose proxy is a ``Recorder``; yields both."""
     recorder = Recorder()
     upstream = await serve_in_background(recorder)
     settings = launcher_settings(f"http://127.0.0.1:{upstream.port}", dev_token_file)
@@ -50,19 +58,26 @@ async def recorded(dev_token_file: Path, span_exporter: InMemorySpanExporter) ->
     provider.add_span_processor(SimpleSpanProcessor(span_exporter))
     launcher = Launcher(settings, tracer_provider=provider, serve_host="127.0.0.1")
     await launcher.start()
-    yield recorder, f"http://127.0.0.1:{launcher.memory_port}"
+    yield recorder, launcher
     await launcher.stop()
     await upstream.stop()
 
 
+@pytest.fixture
+def recorded(recording_launcher: tuple[Recorder, Launcher]) -> tuple[Recorder, str]:
+    """The ``Recorder`` and the launcher's memory URL."""
+    recorder, launcher = recording_launcher
+    return recorder, f"http://127.0.0.1:{launcher.memory_port}"
+
+
 async def test_only_the_allow_listed_headers_reach_the_proxy(
-    recorded: tuple[Recorder, str], dev_token_file: Path
+    recording_launcher: tuple[Recorder, Launcher], dev_token_file: Path
 ) -> None:
-    recorder, url = recorded
+    recorder, launcher = recording_launcher
+    url = f"http://127.0.0.1:{launcher.memory_port}"
     sent = {
         "traceparent": TRACEPARENT,
         "tracestate": "vendor=1",
-        api.USER_CAPABILITY_HEADER: "cap-value",
         "if-match": "7",
         "authorization": "Bearer dev:team-b/billing-agent",
         "x-sessionmem-agent": "billing-agent",
@@ -70,8 +85,10 @@ async def test_only_the_allow_listed_headers_reach_the_proxy(
         "cookie": "session=1",
         "x-forwarded-for": "10.0.0.1",
     }
-    async with httpx.AsyncClient(base_url=url) as client:
-        response = await client.put("/v1/conversations/c1?scope=shared", json=exchange("a"), headers=sent)
+    with launcher.turns.bound("cap-value") as turn:
+        sent[api.TURN_HEADER] = turn
+        async with httpx.AsyncClient(base_url=url) as client:
+            response = await client.put("/v1/conversations/c1?scope=shared", json=exchange("a"), headers=sent)
     assert response.status_code == 200 and response.json() == {"ok": True}
     assert response.headers["content-type"] == "application/json"
     assert response.headers["content-length"] == str(len(response.content))
@@ -80,7 +97,8 @@ async def test_only_the_allow_listed_headers_reach_the_proxy(
     assert headers["authorization"] == f"Bearer {dev_token_file.read_text().strip()}", (
         "the pod's token, not the agent's"
     )
-    assert headers[api.USER_CAPABILITY_HEADER] == "cap-value" and headers["if-match"] == "7"
+    assert headers[api.USER_CAPABILITY_HEADER] == "cap-value", "the turn's capability, resolved by the launcher"
+    assert headers["if-match"] == "7"
     assert headers["traceparent"].split("-")[1] == TRACEPARENT.split("-")[1], "the launcher's span, same trace"
     assert headers["tracestate"] == "vendor=1"
     assert set(headers) == {
@@ -93,6 +111,36 @@ async def test_only_the_allow_listed_headers_reach_the_proxy(
         api.USER_CAPABILITY_HEADER,
         "if-match",
     }
+
+
+async def test_a_capability_or_a_dead_turn_sent_by_the_agent_never_reaches_the_proxy(
+    recording_launcher: tuple[Recorder, Launcher], span_exporter: InMemorySpanExporter
+) -> None:
+    recorder, launcher = recording_launcher
+    with launcher.turns.bound("cap-value") as turn:
+        pass
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as client:
+        capability = await client.get("/v1/conversations/c1/entries", headers={api.USER_CAPABILITY_HEADER: "x"})
+        with launcher.turns.bound("cap-value") as live:  # a live handle does not make a capability acceptable
+            both = {api.USER_CAPABILITY_HEADER: "x", api.TURN_HEADER: live}
+            beside = await client.post("/v1/conversations/c1/entries", json=exchange("a"), headers=both)
+        dead = await client.delete("/v1/users/me/conversations", headers={api.TURN_HEADER: turn})
+    for refused in (capability, beside):
+        assert refused.status_code == 401
+        assert refused.json()["error"]["type"] == "capability_not_accepted"
+        assert isinstance(from_wire(refused.status_code, refused.content), CapabilityNotAccepted)
+    assert dead.status_code == 401 and isinstance(from_wire(dead.status_code, dead.content), TurnNotLive)
+    assert recorder.requests == [], "none of these reached the proxy"
+    # Each refusal fails its operation's span, so an agent replaying handles shows in the traces.
+    spans = [
+        (s.name, dict(s.attributes or {})["memory.outcome"], s.status.status_code)
+        for s in span_exporter.get_finished_spans()
+    ]
+    assert spans == [
+        ("memory.get", "capability_not_accepted", StatusCode.ERROR),
+        ("memory.append", "capability_not_accepted", StatusCode.ERROR),
+        ("memory.erase_user", "turn_not_live", StatusCode.ERROR),
+    ]
 
 
 async def test_unrouted_requests_health_and_head_are_answered_as_before(recorded: tuple[Recorder, str]) -> None:

@@ -241,7 +241,7 @@ class CallOptions:
     """Per-client settings every request carries."""
 
     base_url: str
-    user_capability: str | None
+    turn: str | None
     traceparent: str | None
     propagate_trace_context: bool
 
@@ -262,8 +262,8 @@ class CallOptions:
         headers = {"accept": JSON_CONTENT_TYPE}
         if has_body:
             headers["content-type"] = JSON_CONTENT_TYPE
-        if self.user_capability is not None:
-            headers[api.USER_CAPABILITY_HEADER] = self.user_capability
+        if self.turn is not None:
+            headers[api.TURN_HEADER] = self.turn
         if if_match is not None:
             headers[IF_MATCH_HEADER] = if_match
         if traceparent is not None:

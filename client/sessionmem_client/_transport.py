@@ -30,9 +30,9 @@ class _HeaderBytes:
     """The encoded headers of a lean transport's requests, kept: a client sends the same few requests over
     and over (every agent turn reads the same window and appends to the same conversation), and building
     the pairs afresh cost ~10 µs per call in place. Kept per transport (a client and the
-    ``with_user_capability`` clones that share its pool), not process-wide, so a user capability goes with
-    the clients that carried it; keyed by the options, so each clone sends its own; bounded, as each
-    distinct traceparent is a key."""
+    ``with_turn`` clones that share its pool), not process-wide, so a turn handle goes with the clients that
+    carried it; keyed by the options, so each clone sends its own; bounded, as each distinct turn and
+    traceparent is a key."""
 
     __slots__ = ("_kept",)
     _MAX_KEPT = 64
@@ -49,7 +49,7 @@ class _HeaderBytes:
                 fields = options.header_fields(has_body, request.if_match, traceparent)
                 pairs = tuple((name.encode(), value.encode("ascii")) for name, value in fields.items())
             except UnicodeEncodeError as exc:
-                raise InvalidRequest("header values (user capability, traceparent) must be ASCII") from exc
+                raise InvalidRequest("header values (turn handle, traceparent) must be ASCII") from exc
             if len(self._kept) >= self._MAX_KEPT:
                 self._kept.clear()
             self._kept[key] = pairs

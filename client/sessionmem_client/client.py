@@ -39,11 +39,11 @@ __all__ = ["AsyncMemoryClient", "MemoryClient"]
 
 
 def _options(
-    base_url: str | None, user_capability: str | None, traceparent: str | None, propagate_trace_context: bool
+    base_url: str | None, turn: str | None, traceparent: str | None, propagate_trace_context: bool
 ) -> CallOptions:
     return CallOptions(
         base_url=base_url or default_base_url(),
-        user_capability=user_capability,
+        turn=turn,
         traceparent=traceparent,
         propagate_trace_context=propagate_trace_context,
     )
@@ -52,8 +52,9 @@ def _options(
 class MemoryClient:
     """Synchronous client, over pooled keep-alive connections; safe to share between threads.
 
-    ``user_capability``: the signed run capability of the end user (agents with ``perUser: true``), sent
-    as ``X-Sessionmem-User-Capability``. ``traceparent``: a W3C trace context sent with every call
+    ``turn``: the handle of the end user's turn in flight (agents with ``perUser: true``): the value of the
+    ``X-Sessionmem-Turn`` header of the request the launcher sent the agent, sent back as that header; good
+    only until the agent answers that request. ``traceparent``: a W3C trace context sent with every call
     (a per-call ``traceparent=`` wins); without either, the active OpenTelemetry span is propagated when
     ``propagate_trace_context`` is true. ``timeout``: seconds to connect and for each send or receive.
     ``transport``/``http_client``: send through httpx instead, with your own transport or client (a
@@ -64,14 +65,14 @@ class MemoryClient:
         self,
         base_url: str | None = None,
         *,
-        user_capability: str | None = None,
+        turn: str | None = None,
         traceparent: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         propagate_trace_context: bool = True,
         transport: httpx.BaseTransport | None = None,
         http_client: httpx.Client | None = None,
     ) -> None:
-        self._options = _options(base_url, user_capability, traceparent, propagate_trace_context)
+        self._options = _options(base_url, turn, traceparent, propagate_trace_context)
         self._owns_http = True
         self._http: SyncTransport = sync_transport(self._options.base_url, timeout, transport, http_client)
 
@@ -80,15 +81,16 @@ class MemoryClient:
         return self._options.base_url
 
     @property
-    def user_capability(self) -> str | None:
-        return self._options.user_capability
+    def turn(self) -> str | None:
+        return self._options.turn
 
-    def with_user_capability(self, user_capability: str | None) -> MemoryClient:
-        """A client for another end user that shares this one's connection pool (closing it is a no-op)."""
+    def with_turn(self, turn: str | None) -> MemoryClient:
+        """A client for another turn (another request the agent serves) that shares this one's connection
+        pool (closing it is a no-op)."""
         clone = MemoryClient.__new__(MemoryClient)
         clone._options = CallOptions(
             base_url=self._options.base_url,
-            user_capability=user_capability,
+            turn=turn,
             traceparent=self._options.traceparent,
             propagate_trace_context=self._options.propagate_trace_context,
         )
@@ -192,7 +194,7 @@ class MemoryClient:
             cursor = page.next_cursor
 
     def erase_user(self, *, traceparent: str | None = None) -> wire.UserErasure:
-        """Erase everything of the end user named by this client's ``user_capability``."""
+        """Erase everything of the end user whose turn this client's ``turn`` is."""
         return self._send(Requests.erase_user(traceparent))
 
     # --- lifetime ---
@@ -218,14 +220,14 @@ class AsyncMemoryClient:
         self,
         base_url: str | None = None,
         *,
-        user_capability: str | None = None,
+        turn: str | None = None,
         traceparent: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         propagate_trace_context: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
-        self._options = _options(base_url, user_capability, traceparent, propagate_trace_context)
+        self._options = _options(base_url, turn, traceparent, propagate_trace_context)
         self._owns_http = True
         self._http: AsyncTransport = async_transport(self._options.base_url, timeout, transport, http_client)
 
@@ -234,15 +236,16 @@ class AsyncMemoryClient:
         return self._options.base_url
 
     @property
-    def user_capability(self) -> str | None:
-        return self._options.user_capability
+    def turn(self) -> str | None:
+        return self._options.turn
 
-    def with_user_capability(self, user_capability: str | None) -> AsyncMemoryClient:
-        """A client for another end user that shares this one's connection pool (closing it is a no-op)."""
+    def with_turn(self, turn: str | None) -> AsyncMemoryClient:
+        """A client for another turn (another request the agent serves) that shares this one's connection
+        pool (closing it is a no-op)."""
         clone = AsyncMemoryClient.__new__(AsyncMemoryClient)
         clone._options = CallOptions(
             base_url=self._options.base_url,
-            user_capability=user_capability,
+            turn=turn,
             traceparent=self._options.traceparent,
             propagate_trace_context=self._options.propagate_trace_context,
         )

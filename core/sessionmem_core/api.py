@@ -33,7 +33,11 @@ MEMORY_STATUS_HEADER = "x-sessionmem-memory"
 
 # Headers.
 CONVERSATION_ID_HEADER = "x-conversation-id"
+# The end user's signed run capability: the caller (BFF) sends it to the serving port; the launcher keeps it.
 USER_CAPABILITY_HEADER = "x-sessionmem-user-capability"
+# The opaque handle of one turn, which the launcher sends to the agent instead of the capability and the
+# agent sends back on its memory calls during that turn.
+TURN_HEADER = "x-sessionmem-turn"
 TRACEPARENT_HEADER = "traceparent"
 # Headers an agent might set to claim an identity; the launcher drops all of them before forwarding.
 IDENTITY_HEADERS = frozenset(

@@ -51,6 +51,20 @@ class UserCapabilityRequired(Unauthenticated):
     error_type = "user_capability_required"
 
 
+class TurnNotLive(Unauthenticated):
+    """A memory call named a turn handle that is not bound (never was, or its turn is over): a handle acts
+    for its user only while the request it came with is in flight."""
+
+    error_type = "turn_not_live"
+
+
+class CapabilityNotAccepted(Unauthenticated):
+    """A user capability sent to the agent's memory endpoint: the endpoint takes turn handles only, so a
+    capability that leaked to the agent process buys nothing there."""
+
+    error_type = "capability_not_accepted"
+
+
 class Forbidden(SessionMemError):
     error_type = "forbidden"
     status = 403

@@ -35,7 +35,8 @@ _SCOPE = api.SCOPE_HEADER.encode()
 @dataclass(frozen=True, slots=True)
 class CallerHeaders:
     """The only request headers of a caller that reach the proxy (an allow-list: an identity header the
-    agent sets never does; the identity is the pod's token)."""
+    agent sets never does; the identity is the pod's token). ``capability`` is the end user's, as the
+    launcher holds it: never read from an agent's request (``sessionmem_launcher.turns``)."""
 
     capability: str | None = None
     traceparent: str | None = None
@@ -43,9 +44,9 @@ class CallerHeaders:
     if_match: str | None = None
 
     @classmethod
-    def of(cls, get: _HeaderGetter) -> CallerHeaders:
+    def of(cls, get: _HeaderGetter, capability: str | None) -> CallerHeaders:
         return cls(
-            capability=get(api.USER_CAPABILITY_HEADER),
+            capability=capability,
             traceparent=get(api.TRACEPARENT_HEADER),
             tracestate=get("tracestate"),
             if_match=get("if-match"),
@@ -130,15 +131,19 @@ class Forwarder:
         query: Sequence[tuple[str, str]],
         body: bytes | Callable[[], Awaitable[bytes]] | None,
         caller: CallerHeaders,
+        capability_of: Callable[[], str | None] | None = None,
     ) -> MemoryReply:
         """Forward one memory operation (``op`` and ``conversation_id`` as ``api.memory_route`` gives them,
         ``path`` the decoded path it came on) and answer with the proxy's status and body, or the typed
         answer of what stopped it. ``body`` may be a reader of the request's body, so that a body over the
-        limit or too slow to arrive fails this operation's span like any other refusal."""
+        limit or too slow to arrive fails this operation's span like any other refusal; ``capability_of``,
+        when given, finds the caller's capability (the agent's turn) for the same reason."""
         try:
             with self.tracer.span(op, conversation_id or "", caller.traceparent, caller.tracestate) as span:
                 if conversation_id is not None:
                     validate_conversation_id(conversation_id)
+                if capability_of is not None:
+                    caller = CallerHeaders(capability_of(), caller.traceparent, caller.tracestate, caller.if_match)
                 if callable(body):
                     body = await body()
                 if op in _WRITES and not body:
@@ -146,7 +151,9 @@ class Forwarder:
                 if self._settings.per_user and caller.capability is None:
                     # Without the user's capability this agent's memory would mix users: refuse, never fall back.
                     raise UserCapabilityRequired(
-                        f"this agent keeps memory per user: send the {api.USER_CAPABILITY_HEADER} header"
+                        "this agent keeps memory per user: a memory call needs the live turn handle the launcher "
+                        f"sent with the request ({api.TURN_HEADER}), and that request the caller's "
+                        f"{api.USER_CAPABILITY_HEADER}"
                     )
                 target = api.memory_path(op, conversation_id, path)
                 reply = await self._send(method, op, target, query, body or None, caller)

@@ -8,6 +8,11 @@ context, and when the exchange cannot be stored the answer still goes out; the
 Agent protocol (any language): the launcher POSTs the caller's JSON body to the agent on 127.0.0.1
 with ``history`` added (a list of ``{"role", "content"}``, oldest first); the agent answers JSON with
 an ``output`` string, which is passed back to the caller as it is.
+
+The caller's ``X-Sessionmem-User-Capability`` stays in the launcher: a request that carries one (a turn or
+a single-shot request alike) reaches the agent with an ``X-Sessionmem-Turn`` handle instead, live until
+the agent's answer is in (``sessionmem_launcher.turns``). The launcher's own replay and append use the
+capability itself.
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ from sessionmem_launcher.memory_api import HEALTH_PATH, HEALTHY
 from sessionmem_launcher.replay import history_from, load_counter, within_budget
 from sessionmem_launcher.serving import RequestLimits, respond
 from sessionmem_launcher.summary import Compactor, summarizer_from_settings
+from sessionmem_launcher.turns import TurnBindings
 
 # The request headers relayed to the agent: an allow-list. The user's signed capability is bound to the turn
-# by the launcher and never reaches the agent process; neither do credentials or identity headers a caller
-# sends, nor hop-by-hop headers.
+# by the launcher and never reaches the agent process (a handle does); neither do credentials, identity
+# headers or a turn handle a caller sends, nor hop-by-hop headers.
 AGENT_REQUEST_HEADERS = frozenset(
     {
         "content-type",
@@ -51,6 +57,8 @@ _NOT_RETURNED = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "upgrade", "content-length", "date", "server"}
 )
 
+_TURN = api.TURN_HEADER.encode()
+
 # Characters a path keeps unescaped when the decoded path is sent on to the agent.
 _PATH_SAFE = "/!$&'()*+,;=:@~"
 
@@ -66,11 +74,13 @@ class ManagedLoop:
         settings: LauncherSettings,
         forwarder: Forwarder,
         limits: RequestLimits,
+        turns: TurnBindings,
         compactor: Compactor | None = None,
     ) -> None:
         self._settings = settings
         self._forwarder = forwarder
         self._limits = limits
+        self._turns = turns
         self._count_tokens = load_counter(settings.token_counter)
         self.compactor = compactor or Compactor(settings, forwarder, summarizer_from_settings(settings))
         self._agent = HttpClient(f"http://127.0.0.1:{settings.agent_port}", timeout=settings.agent_timeout_seconds)
@@ -83,28 +93,31 @@ class ManagedLoop:
             respond(proto, 200, HEALTHY)
             return
         body = await self._limits.read_body(scope, proto)
+        capability = scope.headers.get(api.USER_CAPABILITY_HEADER)
         conversation_id = scope.headers.get(api.CONVERSATION_ID_HEADER)
         if conversation_id is None:
-            status, headers, answer = await self._call_agent(scope, body)
+            status, headers, answer = await self._call_agent(scope, body, capability)
             proto.response_bytes(status, headers, answer)
             return
-        await self._turn(scope, proto, validate_conversation_id(conversation_id), body)
+        await self._turn(scope, proto, validate_conversation_id(conversation_id), body, capability)
 
-    async def _turn(self, scope: Scope, proto: HTTPProtocol, conversation_id: str, body: bytes) -> None:
+    async def _turn(
+        self, scope: Scope, proto: HTTPProtocol, conversation_id: str, body: bytes, capability: str | None
+    ) -> None:
         try:
             request = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise InvalidRequest("a turn with X-Conversation-Id must be a JSON object") from exc
         if not isinstance(request, dict) or not isinstance(request.get("input"), str):
             raise InvalidRequest("a turn with X-Conversation-Id needs a string field 'input'")
-        caller = CallerHeaders.of(scope.headers.get)
+        caller = CallerHeaders.of(scope.headers.get, capability)
 
         memory_status = "ok"
         history = await self._replay(conversation_id, caller)
         if history is None:
             memory_status, history = "unavailable", []
         request["history"] = history
-        status, agent_headers, answer = await self._call_agent(scope, orjson.dumps(request))
+        status, agent_headers, answer = await self._call_agent(scope, orjson.dumps(request), capability)
         output = _output_of(answer) if 200 <= status < 300 else None
         if output is not None:
             stored = await self._store(conversation_id, request["input"], output, caller)
@@ -148,7 +161,11 @@ class ManagedLoop:
         self.compactor.after_append(conversation_id, length, caller)
         return True
 
-    async def _call_agent(self, scope: Scope, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+    async def _call_agent(
+        self, scope: Scope, body: bytes, capability: str | None
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """The agent's answer to the request; with the caller's capability, the agent gets a turn handle bound
+        to it for exactly as long as this call lasts."""
         relayed = [
             (name.encode("latin-1"), value.encode("latin-1"))
             for name, value in scope.headers.items()
@@ -156,7 +173,12 @@ class ManagedLoop:
         ]
         target = quote(scope.path, safe=_PATH_SAFE) + (f"?{scope.query_string}" if scope.query_string else "")
         try:
-            response = await self._agent.request(scope.method, target, relayed, body)
+            if capability is None:
+                response = await self._agent.request(scope.method, target, relayed, body)
+            else:
+                with self._turns.bound(capability) as handle:
+                    relayed.append((_TURN, handle.encode()))
+                    response = await self._agent.request(scope.method, target, relayed, body)
         except OSError as exc:  # HttpTimeout and TimeoutError are OSErrors too
             raise AgentUnavailable(
                 f"agent on port {self._settings.agent_port} unreachable: {type(exc).__name__}"

@@ -1,6 +1,10 @@
 """The agent's memory endpoint on 127.0.0.1: the memory API, each operation handed to ``Forwarder.forward``
 (which adds the pod's identity and parameters). Besides, ``/healthz`` and ``/openapi.json`` (the committed
-document, ``openapi.json`` next to this module, so the wheel ships it)."""
+document, ``openapi.json`` next to this module, so the wheel ships it).
+
+A call acts for an end user only through the live turn handle it names (``X-Sessionmem-Turn``), which the
+launcher resolves to the capability it holds for that turn; a user capability itself is never accepted
+here (``sessionmem_launcher.turns``)."""
 
 from __future__ import annotations
 
@@ -11,9 +15,10 @@ from granian._granian import RSGIHTTPProtocol as HTTPProtocol
 from granian.rsgi import Scope
 
 from sessionmem_core import api
-from sessionmem_core.errors import InvalidConversationId, NotFound
+from sessionmem_core.errors import CapabilityNotAccepted, InvalidConversationId, NotFound
 from sessionmem_launcher.forward import CallerHeaders, Forwarder
 from sessionmem_launcher.serving import RequestLimits, json_headers, respond
+from sessionmem_launcher.turns import TurnBindings
 
 HEALTH_PATH = "/healthz"
 OPENAPI_PATH = "/openapi.json"
@@ -24,9 +29,10 @@ _UNDECODABLE = "\ufffd"
 
 
 class MemoryEndpoint:
-    def __init__(self, forwarder: Forwarder, limits: RequestLimits) -> None:
+    def __init__(self, forwarder: Forwarder, limits: RequestLimits, turns: TurnBindings) -> None:
         self._forwarder = forwarder
         self._limits = limits
+        self._turns = turns
 
     async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
         await self._limits.serve(scope, proto, self._serve)
@@ -49,9 +55,21 @@ class MemoryEndpoint:
             path,
             api.parse_query(scope.query_string.encode("latin-1")),
             partial(self._limits.read_body, scope, proto),
-            CallerHeaders.of(scope.headers.get),
+            CallerHeaders.of(scope.headers.get, None),
+            partial(self._capability_of, scope),
         )
         proto.response_bytes(reply.status, json_headers(reply.status), reply.body)
+
+    def _capability_of(self, scope: Scope) -> str | None:
+        """The capability of the turn the call names, or None for a call outside any user's turn."""
+        headers = scope.headers
+        if api.USER_CAPABILITY_HEADER in headers:
+            raise CapabilityNotAccepted(
+                f"the memory endpoint never takes a user capability ({api.USER_CAPABILITY_HEADER}): send the "
+                f"turn handle the launcher gave the agent with the request ({api.TURN_HEADER})"
+            )
+        handle = headers.get(api.TURN_HEADER)
+        return None if handle is None else self._turns.resolve(handle)
 
 
 OPENAPI_FILE = Path(__file__).with_name("openapi.json")

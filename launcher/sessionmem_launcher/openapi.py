@@ -50,10 +50,15 @@ class Route:
 
 
 _CONVERSATION = f"{api.API_PREFIX}/conversations/{{{_ID}}}"
-_CAPABILITY = Param(
-    api.USER_CAPABILITY_HEADER,
+_TURN = Param(
+    api.TURN_HEADER,
     {"type": "string"},
-    "The end user's signed run capability (required when the agent keeps memory per user).",
+    (
+        "The handle of the end user's turn, as the launcher sent it to the agent with the request in "
+        f"{api.TURN_HEADER} (required when the agent keeps memory per user). Good only until the agent answers "
+        "that request. "
+        f"A user capability ({api.USER_CAPABILITY_HEADER}) is never accepted here."
+    ),
     where="header",
 )
 _BODY_STATUSES = {
@@ -63,7 +68,10 @@ _BODY_STATUSES = {
 
 ANSWERED_BY_EVERY_OPERATION = {
     400: "Invalid conversation id or request (typed error)",
-    401: "The pod's token was refused, or a per-user agent sent no user capability",
+    401: (
+        "The pod's token was refused; a per-user agent sent no turn handle (user_capability_required); the turn "
+        "handle is not live (turn_not_live); or a user capability was sent (capability_not_accepted)"
+    ),
     403: "The pod's identity may not use this memory",
     414: "The request target exceeds the URL limit",
     431: "Too many request headers, or a request head over the header limit (the latter without a body)",
@@ -89,7 +97,7 @@ ROUTES: tuple[Route, ...] = (
                 "How many of the newest entries",
             ),
             Param("summary", {"type": "boolean", "default": False}, "Also return the rolling summary of older turns"),
-            _CAPABILITY,
+            _TURN,
         ),
     ),
     Route(
@@ -98,7 +106,7 @@ ROUTES: tuple[Route, ...] = (
         "append",
         "Append a batch (normally one user/assistant exchange) atomically",
         wire.AppendResponse,
-        (_CAPABILITY,),
+        (_TURN,),
         body=wire.AppendRequest,
         statuses=_BODY_STATUSES,
     ),
@@ -111,17 +119,17 @@ ROUTES: tuple[Route, ...] = (
         (
             Param("q", {"type": "string", "minLength": 1, "maxLength": 1024}, "Words to look for", required=True),
             Param(api.LIMIT_PARAM, {"type": "integer", "minimum": 1, "maximum": 100, "default": 10}, "Most matches"),
-            _CAPABILITY,
+            _TURN,
         ),
     ),
-    Route("GET", f"{_CONVERSATION}/export", "export", "Export a whole conversation", wire.History, (_CAPABILITY,)),
+    Route("GET", f"{_CONVERSATION}/export", "export", "Export a whole conversation", wire.History, (_TURN,)),
     Route(
         "GET",
         _CONVERSATION,
         "info",
         "Whether a conversation exists, its version, size and remaining TTL",
         wire.ConversationInfo,
-        (_CAPABILITY,),
+        (_TURN,),
     ),
     Route(
         "PUT",
@@ -136,12 +144,12 @@ ROUTES: tuple[Route, ...] = (
                 "Expected version (as returned by a read); '*' or absent: any",
                 where="header",
             ),
-            _CAPABILITY,
+            _TURN,
         ),
         body=wire.ReplaceRequest,
         statuses={**_BODY_STATUSES, 412: "If-Match does not match the version"},
     ),
-    Route("DELETE", _CONVERSATION, "delete", "Erase a conversation", wire.DeleteResponse, (_CAPABILITY,)),
+    Route("DELETE", _CONVERSATION, "delete", "Erase a conversation", wire.DeleteResponse, (_TURN,)),
     Route(
         "GET",
         api.CONVERSATIONS_PATH,
@@ -155,16 +163,16 @@ ROUTES: tuple[Route, ...] = (
                 "Page size hint (Valkey SCAN): a page may hold a few more or fewer",
             ),
             Param("cursor", {"type": "string", "pattern": "^[0-9]{1,20}$", "default": "0"}, "Where the page starts"),
-            _CAPABILITY,
+            _TURN,
         ),
     ),
     Route(
         "DELETE",
         api.USER_CONVERSATIONS_PATH,
         "erase_user",
-        "Erase everything of the end user named by the capability, across the agent's conversations",
+        "Erase everything of the end user whose turn the handle is, across the agent's conversations",
         wire.UserErasure,
-        (_CAPABILITY,),
+        (_TURN,),
     ),
 )
 

@@ -16,6 +16,7 @@ from sessionmem_launcher.forward import Forwarder, forwarder_from_settings
 from sessionmem_launcher.managed_loop import ManagedLoop
 from sessionmem_launcher.memory_api import MemoryEndpoint
 from sessionmem_launcher.serving import EmbeddedServer, RequestLimits, serve_in_background
+from sessionmem_launcher.turns import TurnBindings
 
 __all__ = ["Launcher", "serve_in_background"]
 
@@ -28,14 +29,19 @@ class Launcher:
     _servers: list[EmbeddedServer] = field(default_factory=list)
     _forwarder: Forwarder | None = None
     _loop_app: ManagedLoop | None = None
+    # The handles of the turns in flight on the serving port, which the memory endpoint resolves.
+    turns: TurnBindings = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.turns = TurnBindings(self.settings.limits.max_connections)
 
     async def start(self) -> None:
         tracer = MemoryTracer(self.tracer_provider or tracer_provider_from_env("sessionmem-launcher"), "launcher")
         forwarder = forwarder_from_settings(self.settings, tracer)  # ConfigError without a proxy URL
         self._forwarder = forwarder
         limits = self.settings.limits
-        endpoint = MemoryEndpoint(forwarder, RequestLimits(limits))
-        self._loop_app = ManagedLoop(self.settings, forwarder, RequestLimits(limits))
+        endpoint = MemoryEndpoint(forwarder, RequestLimits(limits), self.turns)
+        self._loop_app = ManagedLoop(self.settings, forwarder, RequestLimits(limits), self.turns)
         self._servers.append(await serve_in_background(endpoint, "127.0.0.1", self.settings.launcher_port, limits))
         self._servers.append(
             await serve_in_background(self._loop_app, self.serve_host, self.settings.serve_port, limits)
