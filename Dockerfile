@@ -20,8 +20,14 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 
+# A build whose traffic to the package index passes a TLS-intercepting proxy passes the path of a CA
+# bundle it mounts into the build (tools/e2e/image.sh does); unset, pip trusts its own bundle. Build
+# arguments live only in this stage: nothing of them reaches the runtime image.
+ARG PIP_CERT
+
 WORKDIR /src
-RUN python -m venv /opt/sessionmem
+# python3, not python: a Debian-made base (tools/e2e) has no unversioned `python`; the venv has both.
+RUN python3 -m venv /opt/sessionmem
 
 # Dependencies first (pinned in requirements.txt), so source edits reuse this layer.
 COPY requirements.txt ./

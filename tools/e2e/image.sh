@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Builds (once per content) the images the e2e cluster runs, with podman, and
+# saves each as an archive containerd can import:
+#
+#   localhost/sessionmem:e2e-<key>        the project's Dockerfile, FROM the local
+#                                         Debian-made Python base (base-image.sh)
+#   localhost/sessionmem-e2e/pause:<key>  the pod sandbox: build-binaries.sh's
+#                                         static pause binary in an empty image
+#   archives: $cache/e2e/images/<name>-<key>.tar  (docker-archive format)
+#
+# <key> hashes everything the image is made of (the build context the
+# Dockerfile copies, the Dockerfile, the base image), so an edit makes a new
+# image and an unchanged tree reuses the cached one. Prints, on stdout,
+# SESSIONMEM_IMAGE=..., SESSIONMEM_IMAGE_ARCHIVE=..., PAUSE_IMAGE=...,
+# PAUSE_IMAGE_ARCHIVE=... lines. Needs root and podman (prereqs.sh), and Go for
+# the pause binary (build-binaries.sh, whose output it reuses when present).
+set -euo pipefail
+E2E_TAG=e2e-image
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+# shellcheck source=lib.sh
+source "$here/lib.sh"
+
+require_root "tools/e2e/image.sh"
+images="$(cache_root)/e2e/images"
+mkdir -p "$images"
+lock_or_wait "$images/.lock"
+rm -rf "$images"/.tmp.*
+
+base_image="$(bash "$here/base-image.sh")"
+
+# The files `COPY` takes from the context (.dockerignore admits only these).
+context_paths=(Dockerfile .dockerignore pyproject.toml README.md requirements.txt core proxy launcher operator demo)
+content_key() {
+    (
+        cd "$repo"
+        printf '%s\n' "$base_image"
+        find "${context_paths[@]}" -type f ! -name '*.pyc' ! -path '*/__pycache__/*' \
+            ! -path '*.egg-info/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+    ) | sha256sum | cut -c1-12
+}
+
+# save IMAGE ARCHIVE: writes the image as a docker-archive, under a temporary name first.
+save() {
+    local image="$1" archive="$2" tmp
+    [[ -s "$archive" ]] && return 0
+    tmp="$(mktemp "$images/.tmp.XXXXXX")"
+    timed "podman save $image" podman_ save --quiet --format docker-archive -o "$tmp" "$image" \
+        || { rm -f "$tmp"; die "podman save $image failed"; }
+    mv -f "$tmp" "$archive"
+}
+
+key="$(content_key)"
+image="localhost/sessionmem:e2e-$key"
+archive="$images/sessionmem-$key.tar"
+if ! podman_ image exists "$image"; then
+    log "building $image from $repo/Dockerfile (base $base_image)"
+    # The host's CA bundle is mounted read-only for pip: package-index traffic
+    # from here may pass a TLS-intercepting proxy whose CA only the host trusts.
+    # A RUN-time mount is never part of a layer.
+    build_image() {
+        podman_ build --quiet --layers --pull=never "${PODMAN_ULIMITS[@]}" \
+            --build-arg "PYTHON_IMAGE=$base_image" \
+            --build-arg PIP_CERT=/etc/ssl/certs/host-ca-certificates.crt \
+            --volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/host-ca-certificates.crt:ro \
+            --tag "$image" --file "$repo/Dockerfile" "$repo" >/dev/null
+    }
+    timed "podman build sessionmem" build_image
+fi
+save "$image" "$archive"
+
+pause_binary="$(bash "$here/build-binaries.sh" | sed -n 's/^PAUSE=//p')"
+pause_key="$(sha256sum "$pause_binary" | cut -c1-12)"
+pause_image="localhost/sessionmem-e2e/pause:$pause_key"
+pause_archive="$images/pause-$pause_key.tar"
+if ! podman_ image exists "$pause_image"; then
+    ctx="$(mktemp -d "$images/.tmp.XXXXXX")"
+    cp "$pause_binary" "$ctx/pause"
+    printf 'FROM scratch\nCOPY pause /pause\nUSER 65535:65535\nENTRYPOINT ["/pause"]\n' >"$ctx/Containerfile"
+    timed "podman build pause" podman_ build --quiet --pull=never --tag "$pause_image" "$ctx" >/dev/null
+    rm -rf "$ctx"
+fi
+save "$pause_image" "$pause_archive"
+
+printf 'SESSIONMEM_IMAGE=%s\nSESSIONMEM_IMAGE_ARCHIVE=%s\nPAUSE_IMAGE=%s\nPAUSE_IMAGE_ARCHIVE=%s\n' \
+    "$image" "$archive" "$pause_image" "$pause_archive"
