@@ -186,7 +186,7 @@ kube_chains_down() {
     local cmd table rule chain
     for cmd in iptables ip6tables; do
         for table in filter nat mangle; do
-            "$cmd" -t "$table" -S 2>/dev/null | grep -E '^-A [A-Z]+ .*-j KUBE-' | while read -r rule; do
+            "$cmd" -t "$table" -S 2>/dev/null | { grep -E '^-A [A-Z]+ .*-j KUBE-' || true; } | while read -r rule; do
                 # iptables -S quotes comments as a shell would: eval reads them back.
                 eval "$cmd -t $table ${rule/#-A/-D}" 2>/dev/null || true
             done
@@ -263,6 +263,7 @@ oomScoreAdj: 0
 clusterDomain: cluster.local
 clusterDNS: ["$DNS_SERVICE_IP"]
 resolvConf: "$RUN/kubelet/resolv.conf"
+podLogsDir: "$RUN/pod-logs"
 # A shared development machine: never evict for its disk or memory use.
 evictionHard: {"memory.available": "0%", "nodefs.available": "0%", "imagefs.available": "0%"}
 imageGCHighThresholdPercent: 100
@@ -375,6 +376,7 @@ up() {
         --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
         --service-account-issuer="https://kubernetes.default.svc.cluster.local" \
         --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
+        --kubelet-preferred-address-types=InternalIP \
         --service-cluster-ip-range="$SERVICE_CIDR" --allow-privileged=true --profiling=false --v=1
     wait_for "kube-apiserver /readyz" 120 curl -sfk --cacert "$pki/ca.crt" \
         --cert "$pki/admin.crt" --key "$pki/admin.key" "https://$NODE_IP:$APISERVER_PORT/readyz"
@@ -466,6 +468,6 @@ down)
     fi
     down
     ;;
-env) cat "$RUN/env" ;;
+env) running kube-apiserver && running kubelet && cat "$RUN/env" ;;
 *) die "usage: $0 up|down|env" ;;
 esac
