@@ -10,10 +10,10 @@
 # change of either makes a new image. Prints the image name (stdout, one line).
 # Needs root and podman (tools/e2e/prereqs.sh).
 set -euo pipefail
-E2E_TAG=e2e-base
+LOG_TAG=e2e-base
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=lib.sh
-source "$here/lib.sh"
+# shellcheck source=../lib/common.sh
+source "$here/../lib/common.sh"
 
 SUITE="${E2E_BASE_SUITE:-bookworm}"
 MIRROR="${E2E_BASE_MIRROR:-http://deb.debian.org/debian}"

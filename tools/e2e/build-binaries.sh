@@ -14,10 +14,10 @@
 # COREDNS, PAUSE). Each binary is built under a temporary name and renamed into place.
 # Builds run under `nice -n 10` (E2E_NICE to change): the machine is shared.
 set -euo pipefail
-E2E_TAG=e2e-binaries
+LOG_TAG=e2e-binaries
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=lib.sh
-source "$here/lib.sh"
+# shellcheck source=../lib/common.sh
+source "$here/../lib/common.sh"
 
 K8S_VERSION="$(modver "$here/node/go.mod" k8s.io/kubernetes)"
 ENVTEST_K8S_VERSION="$(modver "$here/../envtest/go.mod" k8s.io/kubernetes)"

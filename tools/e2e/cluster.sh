@@ -17,10 +17,10 @@
 #
 # Needs root, Go (first run), podman and the Debian packages of prereqs.sh.
 set -euo pipefail
-E2E_TAG=e2e-cluster
+LOG_TAG=e2e-cluster
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=lib.sh
-source "$here/lib.sh"
+# shellcheck source=../lib/common.sh
+source "$here/../lib/common.sh"
 
 RUN="${E2E_RUN_DIR:-/var/tmp/sessionmem-e2e}"
 NODE_NAME=e2e-node
@@ -78,11 +78,13 @@ stop() {
 }
 
 load_binaries() {
-    local line
+    local line binaries images envtest
+    # Assignments, not process substitutions: a failed build stops `up` here.
+    binaries="$(bash "$here/build-binaries.sh")"
+    images="$(bash "$here/image.sh")"
     while IFS= read -r line; do
         [[ "$line" == *=* ]] && export "${line?}"
-    done < <(bash "$here/build-binaries.sh"; bash "$here/image.sh")
-    local envtest
+    done <<<"$binaries"$'\n'"$images"
     envtest="$(bash "$here/../envtest/ensure-binaries.sh")"
     export ETCD="$envtest/bin/etcd" KUBE_APISERVER="$envtest/bin/kube-apiserver"
     export KUBE_CONTROLLER_MANAGER="$envtest/bin/kube-controller-manager"

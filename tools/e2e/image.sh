@@ -15,11 +15,11 @@
 # PAUSE_IMAGE_ARCHIVE=... lines. Needs root and podman (prereqs.sh), and Go for
 # the pause binary (build-binaries.sh, whose output it reuses when present).
 set -euo pipefail
-E2E_TAG=e2e-image
+LOG_TAG=e2e-image
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-# shellcheck source=lib.sh
-source "$here/lib.sh"
+# shellcheck source=../lib/common.sh
+source "$here/../lib/common.sh"
 
 require_root "tools/e2e/image.sh"
 images="$(cache_root)/e2e/images"

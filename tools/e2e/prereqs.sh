@@ -3,10 +3,10 @@
 # package only when it is missing (apt-get update at most once per run).
 # Needs root. Idempotent: a second run installs nothing and takes ~1s.
 set -euo pipefail
-E2E_TAG=e2e-prereqs
+LOG_TAG=e2e-prereqs
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=lib.sh
-source "$here/lib.sh"
+# shellcheck source=../lib/common.sh
+source "$here/../lib/common.sh"
 
 require_root "tools/e2e/prereqs.sh"
 

@@ -1,7 +1,7 @@
-# Shell helpers shared by the tools/e2e scripts (sourced, never run).
-# Each script sets E2E_TAG before sourcing, for its log prefix.
+# Shell helpers shared by the build and e2e scripts under tools/ (sourced, never run).
+# A script sets LOG_TAG before sourcing, for its log prefix.
 
-log() { printf '[%s] %s\n' "${E2E_TAG:-e2e}" "$*" >&2; }
+log() { printf '[%s] %s\n' "${LOG_TAG:-tools}" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 # Version of a required module, read straight from a go.mod (no go needed).
