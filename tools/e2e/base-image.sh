@@ -6,8 +6,8 @@
 #   cache: ${SESSIONMEM_CACHE_DIR:-~/.cache/sessionmem}/e2e/base-<key>/rootfs.tar
 #   image: localhost/sessionmem-e2e-python:<key>
 #
-# <key> names the suite and a hash of the package list and of this script, so a
-# change of either makes a new image. Prints the image name (stdout, one line).
+# <key> names the suite and hashes the package list, the mirror and
+# BASE_REVISION, so a change of any makes a new image. Prints the image name (stdout, one line).
 # Needs root and podman (tools/e2e/prereqs.sh).
 set -euo pipefail
 LOG_TAG=e2e-base
@@ -19,7 +19,9 @@ SUITE="${E2E_BASE_SUITE:-bookworm}"
 MIRROR="${E2E_BASE_MIRROR:-http://deb.debian.org/debian}"
 INCLUDE="python3,python3-venv,ca-certificates"
 
-key="$SUITE-$(printf '%s\n%s\n' "$INCLUDE" "$(cat "$BASH_SOURCE")" | sha256sum | cut -c1-12)"
+# Bump when the way the root filesystem is made changes (a new key, a new image).
+BASE_REVISION=1
+key="$SUITE-$(printf '%s\n%s\n%s\n' "$INCLUDE" "$MIRROR" "$BASE_REVISION" | sha256sum | cut -c1-12)"
 image="localhost/sessionmem-e2e-python:$key"
 dest="$(cache_root)/e2e/base-$key"
 

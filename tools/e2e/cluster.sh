@@ -420,12 +420,14 @@ up() {
 
 down() {
     require_root "tools/e2e/cluster.sh down"
-    [[ -d "$RUN" ]] || { network_down; return 0; }
+    mkdir -p "$pids"
     # Let the kubelet tear the pods down (CNI DEL, network namespaces) first.
     if running kubelet && running kube-apiserver && [[ -n "${KUBECTL:-}" ]]; then
         kubectl_ delete pods --all --all-namespaces --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
+        # Stopped sandboxes have had their CNI DEL and lost their namespaces; the
+        # kubelet removes dead containers only later, so running tasks are what counts.
         local deadline=$((SECONDS + 60))
-        while ((SECONDS < deadline)) && [[ -n "$(ctr_ containers list -q 2>/dev/null)" ]]; do sleep 1; done
+        while ((SECONDS < deadline)) && ctr_ tasks list 2>/dev/null | grep -q RUNNING; do sleep 0.5; done
     fi
     local name
     for name in coredns kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver; do
@@ -440,7 +442,7 @@ down() {
         done
     fi
     stop containerd
-    pkill_shims
+    reap_leftovers
     stop etcd
     [[ -n "${KUBE_PROXY:-}" ]] && "$KUBE_PROXY" --cleanup >/dev/null 2>&1 || true
     network_down
@@ -453,11 +455,23 @@ down() {
     log "cluster down"
 }
 
-# containerd-shim processes outlive containerd; ours name our socket.
-pkill_shims() {
-    local pid
-    for pid in $(pgrep -f "containerd-shim.*-address $sock" || true); do
-        kill -KILL "$pid" 2>/dev/null || true
+# What a crashed or interrupted run leaves: containerd shims (they outlive
+# containerd; ours name our socket) with their containers, and the pods'
+# network namespaces (ours hold an address in the pod range).
+reap_leftovers() {
+    local shim child ns prefix
+    for shim in $(pgrep -f "containerd-shim-runc-v2 .*-address $sock" || true); do
+        for child in $(pgrep -P "$shim" || true); do
+            kill -KILL "$child" 2>/dev/null || true # a pod's PID 1: its namespace goes with it
+        done
+        kill -KILL "$shim" 2>/dev/null || true
+    done
+    prefix="${POD_CIDR%/*}"
+    prefix="inet ${prefix%.*}."
+    for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
+        if ip -n "$ns" -4 -o addr show 2>/dev/null | grep -qF "$prefix"; then
+            ip netns delete "$ns" 2>/dev/null || true
+        fi
     done
 }
 

@@ -68,6 +68,11 @@ if ! podman_ image exists "$image"; then
     timed "podman build sessionmem" build_image
 fi
 save "$image" "$archive"
+# Earlier builds of ours are of no further use: the disk is kept for the current one.
+for stale in $(podman_ images --format '{{.Repository}}:{{.Tag}}' | grep -E '^localhost/sessionmem:e2e-' | grep -vxF "$image" || true); do
+    podman_ rmi --force "$stale" >/dev/null 2>&1 || true
+done
+find "$images" -maxdepth 1 -name 'sessionmem-*.tar' ! -name "sessionmem-$key.tar" -delete
 
 pause_binary="$(bash "$here/build-binaries.sh" | sed -n 's/^PAUSE=//p')"
 pause_key="$(sha256sum "$pause_binary" | cut -c1-12)"
