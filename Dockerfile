@@ -61,6 +61,12 @@ ENV PATH=/opt/sessionmem/bin:$PATH \
 
 COPY --from=builder /opt/sessionmem /opt/sessionmem
 
+# A passwd entry for the numeric user: kopf names its peering identity after getpass.getuser(), which
+# raises "getpwuid(): uid not found: 10001" without one (the operator crash-looped in a real cluster).
+RUN groupadd --system --gid 10001 sessionmem \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home \
+       --shell /usr/sbin/nologin sessionmem
+
 USER 10001:10001
 WORKDIR /opt/sessionmem
 
