@@ -25,6 +25,7 @@ class E2ECluster:
     kubeconfig: str
     kubectl_binary: str
     image: str
+    valkey_image: str
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60.0) -> str:
         """Runs kubectl against the cluster; a non-zero exit fails with kubectl's own message."""
@@ -83,6 +84,7 @@ def e2e_cluster() -> Iterator[E2ECluster]:
             kubeconfig=values["KUBECONFIG"],
             kubectl_binary=values["KUBECTL"],
             image=values["SESSIONMEM_IMAGE"],
+            valkey_image=values["VALKEY_IMAGE"],
         )
     finally:
         if not was_running and os.environ.get(KEEP_CLUSTER_ENV) != "1":
