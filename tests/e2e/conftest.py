@@ -26,6 +26,7 @@ class E2ECluster:
     kubectl_binary: str
     image: str
     valkey_image: str
+    demo_agent_image: str
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60.0) -> str:
         """Runs kubectl against the cluster; a non-zero exit fails with kubectl's own message."""
@@ -85,6 +86,7 @@ def e2e_cluster() -> Iterator[E2ECluster]:
             kubectl_binary=values["KUBECTL"],
             image=values["SESSIONMEM_IMAGE"],
             valkey_image=values["VALKEY_IMAGE"],
+            demo_agent_image=values["DEMO_AGENT_IMAGE"],
         )
     finally:
         if not was_running and os.environ.get(KEEP_CLUSTER_ENV) != "1":
@@ -100,3 +102,83 @@ def namespace(e2e_cluster: E2ECluster) -> Iterator[str]:
     e2e_cluster.wait_until("the default ServiceAccount", 30, "get", "serviceaccount", "default", "-n", name)
     yield name
     e2e_cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
+CHART = REPO / "charts" / "sessionmem"
+RELEASE = "e2e"
+ROLLOUT_SECONDS = 180
+COMPONENT_AND_NAME = "{.metadata.labels.app\\.kubernetes\\.io/component} {.kind}/{.metadata.name}"
+
+
+def _repository_and_tag(image: str) -> tuple[str, str]:
+    repository, _, tag = image.rpartition(":")
+    return repository, tag
+
+
+@pytest.fixture(scope="session")
+def helm_binary() -> str:
+    result = subprocess.run(
+        ["bash", str(REPO / "tools" / "helm" / "ensure-helm.sh")], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"tools/helm/ensure-helm.sh failed:\n{result.stderr[-2000:]}")
+    return result.stdout.strip().splitlines()[-1]
+
+
+def helm(cluster: E2ECluster, helm_binary: str, *args: str, timeout: float = 300.0) -> str:
+    """Runs helm against the cluster; a non-zero exit fails with helm's own message."""
+    result = subprocess.run(
+        [helm_binary, "--kubeconfig", cluster.kubeconfig, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed: {result.stderr.strip()}\n{result.stdout[-2000:]}")
+    return result.stdout
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str
+
+
+def release_workloads(cluster: E2ECluster, release: Release) -> dict[str, str]:
+    """The release's Deployments and StatefulSets, by their `app.kubernetes.io/component` label."""
+    listing = cluster.kubectl(
+        *("get", "deployments,statefulsets", "-n", release.namespace),
+        *("-l", f"app.kubernetes.io/instance={release.name}"),
+        *("-o", "jsonpath={range .items[*]}" + COMPONENT_AND_NAME + "{'\\n'}{end}"),
+    )
+    return dict(line.split(" ", 1) for line in listing.splitlines() if line.strip())
+
+
+@pytest.fixture(scope="session")
+def release(e2e_cluster: E2ECluster, helm_binary: str) -> Iterator[Release]:
+    """The chart installed once for the session with the images image.sh built, its workloads rolled
+    out; uninstalled after the session."""
+    # A namespace of its own each session: one still terminating from the run before is never reused.
+    installed = Release(name=RELEASE, namespace=f"sessionmem-e2e-{uuid.uuid4().hex[:8]}")
+    repository, tag = _repository_and_tag(e2e_cluster.image)
+    valkey_repository, valkey_tag = _repository_and_tag(e2e_cluster.valkey_image)
+    helm(
+        e2e_cluster,
+        helm_binary,
+        *("install", installed.name, str(CHART), "--namespace", installed.namespace, "--create-namespace"),
+        *("--set", f"image.repository={repository}", "--set", f"image.tag={tag}"),
+        *("--set", f"valkey.image.repository={valkey_repository}", "--set", f"valkey.image.tag={valkey_tag}"),
+        # No volume provisioner in the e2e cluster yet (tools/e2e/README.md): Valkey on an emptyDir.
+        *("--set", "valkey.persistence.enabled=false"),
+    )
+    try:
+        for workload in release_workloads(e2e_cluster, installed).values():
+            e2e_cluster.kubectl(
+                *("rollout", "status", workload, "-n", installed.namespace, f"--timeout={ROLLOUT_SECONDS}s"),
+                timeout=ROLLOUT_SECONDS + 10,
+            )
+        yield installed
+    finally:
+        helm(e2e_cluster, helm_binary, "uninstall", installed.name, "--namespace", installed.namespace, "--wait")
+        e2e_cluster.kubectl("delete", "namespace", installed.namespace, "--wait=false")

