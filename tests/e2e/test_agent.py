@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -47,21 +48,33 @@ def _turn(service_url: str, conversation_id: str, text: str) -> str:
     return output
 
 
-def test_conversation_through_the_agent_service_remembers_turn_one(
-    e2e_cluster: E2ECluster, release: Release, namespace: str
-) -> None:
-    e2e_cluster.kubectl("apply", "-f", "-", stdin=_seed_manifest(namespace, e2e_cluster.demo_agent_image))
-    e2e_cluster.kubectl(
+def _wait_agent_ready(cluster: E2ECluster, namespace: str) -> None:
+    cluster.kubectl(
         *("wait", "--for=condition=Ready", "agentdeployment/support-agent", "-n", namespace),
         f"--timeout={AGENT_READY_SECONDS}s",
         timeout=AGENT_READY_SECONDS + 10,
     )
-    pod = json.loads(e2e_cluster.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"][0]
+
+
+def _deploy_seed_agent(cluster: E2ECluster, namespace: str) -> str:
+    """Applies the seed manifest, waits for the AgentDeployment to be Ready; returns its Service's URL."""
+    cluster.kubectl("apply", "-f", "-", stdin=_seed_manifest(namespace, cluster.demo_agent_image))
+    _wait_agent_ready(cluster, namespace)
+    cluster_ip = cluster.kubectl("get", "service/support-agent", "-n", namespace, "-o", "jsonpath={.spec.clusterIP}")
+    return f"http://{cluster_ip}/"
+
+
+def _agent_pods(cluster: E2ECluster, namespace: str) -> list[dict[str, Any]]:
+    pods: list[dict[str, Any]] = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
+    return pods
+
+
+def test_conversation_through_the_agent_service_remembers_turn_one(
+    e2e_cluster: E2ECluster, release: Release, namespace: str
+) -> None:
+    service_url = _deploy_seed_agent(e2e_cluster, namespace)
+    (pod,) = _agent_pods(e2e_cluster, namespace)
     assert len(pod["spec"]["containers"]) == 2, [c["name"] for c in pod["spec"]["containers"]]
-    cluster_ip = e2e_cluster.kubectl(
-        "get", "service/support-agent", "-n", namespace, "-o", "jsonpath={.spec.clusterIP}"
-    )
-    service_url = f"http://{cluster_ip}/"
 
     first = _turn(service_url, "e2e-conversation", "Hi, my name is Ada")
     second = _turn(service_url, "e2e-conversation", "What is my name?")
@@ -70,3 +83,26 @@ def test_conversation_through_the_agent_service_remembers_turn_one(
     assert "Ada" in first
     assert second == "Your name is Ada."
     assert "Ada" not in stranger
+
+
+def test_a_cold_pod_after_scale_to_zero_recalls_the_conversation(
+    e2e_cluster: E2ECluster, release: Release, namespace: str
+) -> None:
+    service_url = _deploy_seed_agent(e2e_cluster, namespace)
+    _turn(service_url, "e2e-cold", "Hi, my name is Grace")
+    (warm_pod,) = _agent_pods(e2e_cluster, namespace)
+
+    e2e_cluster.kubectl("scale", "deployment/support-agent", "-n", namespace, "--replicas=0")
+    deadline = time.monotonic() + AGENT_READY_SECONDS
+    while _agent_pods(e2e_cluster, namespace):
+        assert time.monotonic() < deadline, "the agent's pods did not go away after scaling to zero"
+        time.sleep(0.5)
+    e2e_cluster.kubectl("scale", "deployment/support-agent", "-n", namespace, "--replicas=1")
+    e2e_cluster.kubectl(
+        *("rollout", "status", "deployment/support-agent", "-n", namespace, f"--timeout={AGENT_READY_SECONDS}s"),
+        timeout=AGENT_READY_SECONDS + 10,
+    )
+    (cold_pod,) = _agent_pods(e2e_cluster, namespace)
+
+    assert cold_pod["metadata"]["uid"] != warm_pod["metadata"]["uid"]
+    assert _turn(service_url, "e2e-cold", "What is my name?") == "Your name is Grace."
