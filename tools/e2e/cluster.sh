@@ -473,6 +473,11 @@ reap_leftovers() {
             ip netns delete "$ns" 2>/dev/null || true
         fi
     done
+    # A CRI namespace file whose mount is gone (a sandbox killed mid-teardown) is nobody's.
+    for ns in /var/run/netns/cni-*; do
+        [[ -f "$ns" ]] && ! mountpoint -q "$ns" && rm -f "$ns"
+    done
+    return 0
 }
 
 case "${1:-}" in
