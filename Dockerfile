@@ -20,8 +20,14 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 
+# A build whose traffic to the package index passes a TLS-intercepting proxy passes the path of a CA
+# bundle it mounts into the build (tools/e2e/image.sh does); unset, pip trusts its own bundle. Build
+# arguments live only in this stage: nothing of them reaches the runtime image.
+ARG PIP_CERT
+
 WORKDIR /src
-RUN python -m venv /opt/sessionmem
+# python3, not python: a Debian-made base (tools/e2e) has no unversioned `python`; the venv has both.
+RUN python3 -m venv /opt/sessionmem
 
 # Dependencies first (pinned in requirements.txt), so source edits reuse this layer.
 COPY requirements.txt ./
@@ -54,6 +60,12 @@ ENV PATH=/opt/sessionmem/bin:$PATH \
     HOME=/tmp
 
 COPY --from=builder /opt/sessionmem /opt/sessionmem
+
+# A passwd entry for the numeric user: kopf names its peering identity after getpass.getuser(), which
+# raises "getpwuid(): uid not found: 10001" without one (the operator crash-looped in a real cluster).
+RUN groupadd --system --gid 10001 sessionmem \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home \
+       --shell /usr/sbin/nologin sessionmem
 
 USER 10001:10001
 WORKDIR /opt/sessionmem

@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit integration bench soak envtest crds crds-check helm clean openapi
+.PHONY: run test lint typecheck unit integration bench soak envtest crds crds-check helm clean openapi \
+	e2e e2e-prereqs e2e-image e2e-binaries e2e-up e2e-down
 
 $(STAMP): requirements.txt requirements-dev.txt requirements-adapters.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +38,29 @@ integration: $(STAMP)
 ## Builds (once, cached per user) kube-apiserver, kube-controller-manager and etcd for the integration tests.
 envtest:
 	@bash tools/envtest/ensure-binaries.sh
+
+## The e2e tier (root): a real single-node cluster on this host runs the image; see tools/e2e/README.md.
+## Not part of `make test`. The cluster comes up for the run and goes down after it.
+e2e: $(STAMP)
+	@$(PY) -m pytest -m e2e tests/e2e
+
+e2e-prereqs:
+	@bash tools/e2e/prereqs.sh
+
+## The project's image (podman, on a Debian-made Python base) and the pause image, cached per content.
+e2e-image: e2e-prereqs
+	@bash tools/e2e/image.sh
+
+## kubelet, kube-scheduler, kube-proxy, kubectl, CoreDNS and pause, built once per version.
+e2e-binaries:
+	@bash tools/e2e/build-binaries.sh
+
+## Brings the e2e cluster up (and leaves it up: KUBECONFIG is printed) / down.
+e2e-up:
+	@bash tools/e2e/cluster.sh up
+
+e2e-down:
+	@bash tools/e2e/cluster.sh down
 
 ## Regenerates the CRDs from the operator's schema, straight into the chart (crds/ is a link to that folder).
 crds: $(STAMP)

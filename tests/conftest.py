@@ -22,6 +22,10 @@ from tests.support.valkey import ValkeyProcess, free_port
 
 pytest_plugins = ["tests.harness.fixtures"]
 
+# The e2e tier needs root and brings a cluster up on this host: it runs only when named
+# (`make e2e`, or `pytest tests/e2e`), never in the default run.
+collect_ignore = ["e2e"]
+
 
 @pytest.fixture
 def valkey_server() -> Iterator[ValkeyProcess]:

@@ -19,24 +19,14 @@ KNATIVE_SERVING_VERSION="${KNATIVE_SERVING_VERSION:-v0.51.0}"
 KNATIVE_CRDS=(service configuration revision route)
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-
-log() { printf '[envtest] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-
-# Version of a required module, read straight from a go.mod (no go needed for
-# the fast path).
-modver() {
-    local gomod="$1" mod="$2" v
-    v="$(awk -v m="$mod" '($1 == "require" && $2 == m) {print $3; exit} ($1 == m) {print $2; exit}' "$gomod")"
-    [[ -n "$v" ]] || die "cannot find $mod in $gomod"
-    printf '%s' "$v"
-}
+LOG_TAG=envtest
+# shellcheck source=../lib/common.sh
+source "$here/../lib/common.sh"
 
 K8S_VERSION="$(modver "$here/go.mod" k8s.io/kubernetes)"
 ETCD_VERSION="$(modver "$here/etcd/go.mod" go.etcd.io/etcd/server/v3)"
 
-cache_root="${SESSIONMEM_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sessionmem}"
-dest="$cache_root/envtest/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}"
+dest="$(cache_root)/envtest/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}"
 bindir="$dest/bin"
 kndir="$dest/knative"
 
@@ -60,36 +50,16 @@ fi
 mkdir -p "$bindir"
 
 # Serialise concurrent callers (parallel test sessions, CI next to a dev run).
-if command -v flock >/dev/null 2>&1; then
-    exec 9>"$dest/.lock"
-    if ! flock -n 9; then
-        log "another build holds $dest/.lock; waiting for it"
-        flock 9
-    fi
-    if complete; then
-        printf '%s\n' "$dest"
-        exit 0
-    fi
-    # We hold the lock: leftovers of an interrupted build are nobody's.
-    rm -rf "$dest"/.tmp.*
+lock_or_wait "$dest/.lock"
+if complete; then
+    printf '%s\n' "$dest"
+    exit 0
 fi
+# We hold the lock: leftovers of an interrupted build are nobody's.
+rm -rf "$dest"/.tmp.*
 
-GO="${GO:-}"
-if [[ -z "$GO" ]]; then
-    if command -v go >/dev/null 2>&1; then
-        GO="$(command -v go)"
-    elif [[ -x /usr/local/go/bin/go ]]; then
-        GO=/usr/local/go/bin/go
-    else
-        die "go toolchain not found (set GO=/path/to/go)"
-    fi
-fi
-
-export CGO_ENABLED=0
-export GOWORK=off
-export GOFLAGS="${GOFLAGS:--buildvcs=false}"
-case " $GOFLAGS " in *" -buildvcs="*) ;; *) GOFLAGS="$GOFLAGS -buildvcs=false" ;; esac
-export GOFLAGS
+GO="$(find_go)"
+go_build_env
 
 tmpdir="$(mktemp -d "$dest/.tmp.XXXXXX")"
 trap 'rm -rf "$tmpdir"' EXIT
