@@ -35,15 +35,24 @@ RUN /opt/sessionmem/bin/pip install --no-cache-dir -r requirements.txt
 
 COPY pyproject.toml README.md ./
 COPY core ./core
+COPY infra ./infra
 COPY proxy ./proxy
 COPY launcher ./launcher
 COPY operator ./operator
 COPY demo ./demo
+COPY client ./client
 # A real wheel (not an editable install), then its bytecode compiled here: the runtime root is read-only.
 RUN /opt/sessionmem/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /tmp/wheels . \
     && /opt/sessionmem/bin/pip install --no-cache-dir --no-deps /tmp/wheels/sessionmem-*.whl \
     && /opt/sessionmem/bin/python -m compileall -q /opt/sessionmem/lib \
-    && /opt/sessionmem/bin/python -c "import sessionmem_core, sessionmem_proxy, sessionmem_launcher, sessionmem_operator"
+    && /opt/sessionmem/bin/python -c "import sessionmem_core, sessionmem_infra, sessionmem_proxy, sessionmem_launcher, sessionmem_operator"
+
+# A passwd entry for the numeric user, copied into the runtime stage: kopf names its peering identity
+# after getpass.getuser(), which raises "getpwuid(): uid not found: 10001" without one (the operator
+# crash-looped in a real cluster). Made here so the runtime stage runs no build step.
+RUN groupadd --system --gid 10001 sessionmem \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home \
+       --shell /usr/sbin/nologin sessionmem
 
 # ---- runtime: the same Python, the virtualenv, no build tools ---------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
@@ -60,12 +69,7 @@ ENV PATH=/opt/sessionmem/bin:$PATH \
     HOME=/tmp
 
 COPY --from=builder /opt/sessionmem /opt/sessionmem
-
-# A passwd entry for the numeric user: kopf names its peering identity after getpass.getuser(), which
-# raises "getpwuid(): uid not found: 10001" without one (the operator crash-looped in a real cluster).
-RUN groupadd --system --gid 10001 sessionmem \
-    && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home \
-       --shell /usr/sbin/nologin sessionmem
+COPY --from=builder /etc/passwd /etc/group /etc/
 
 USER 10001:10001
 WORKDIR /opt/sessionmem

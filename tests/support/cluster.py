@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import valkey as valkey_sync
 
-from tests.support.valkey import ValkeyProcess, free_port, valkey_server_binary
+from tests.support.valkey import ValkeyProcess, valkey_server_binary
 
 NODE_TIMEOUT_MS = 1000
 
@@ -52,11 +52,7 @@ class ValkeyClusterProcess:
             "--cluster-replica-validity-factor", "0",
             "--cluster-require-full-coverage", "no",
         )  # fmt: skip
-        # An explicit bus port: the default (data port + 10000) does not exist for ports above 55535.
-        self.nodes = [
-            ValkeyProcess(extra_args=(*args, "--cluster-port", str(free_port())))
-            for _ in range(masters * (1 + replicas))
-        ]
+        self.nodes = [ValkeyProcess(extra_args=args, cluster_bus=True) for _ in range(masters * (1 + replicas))]
 
     @property
     def url(self) -> str:

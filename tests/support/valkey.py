@@ -46,12 +46,21 @@ def valkey_server_binary() -> str:
     return str(path)
 
 
+class _PortTaken(RuntimeError):
+    """valkey-server could not bind its port: another process took it after it was picked."""
+
+
 class ValkeyProcess:
     """One valkey-server process. ``stop``/``start`` keep the port, so clients can reconnect."""
 
-    def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = (), cluster_bus: bool = False) -> None:
+        # A port picked here can be taken by another process (an outgoing connection's ephemeral port)
+        # before valkey-server binds it: then ``start`` picks again. A port the caller chose is kept.
+        self._picked = port is None
         self.port = port or free_port()
         self.extra_args = extra_args
+        # Cluster mode: a bus port of its own (the default, data port + 10000, does not exist above 55535).
+        self.bus_port = free_port() if cluster_bus else None
         self.dir = Path(tempfile.mkdtemp(prefix="sessionmem-valkey-"))
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -71,6 +80,20 @@ class ValkeyProcess:
         return [key for key in self.client().keys("*") if not key.startswith(USAGE_PREFIX.encode())]
 
     def start(self, timeout: float = 10.0) -> None:
+        for _ in range(5):
+            try:
+                self._start_once(timeout)
+                self._picked = False  # from now on clients know this port: a restart keeps it
+                return
+            except _PortTaken:
+                if not self._picked:
+                    raise
+                self.port = free_port()
+                self.bus_port = free_port() if self.bus_port is not None else None
+        raise RuntimeError("valkey-server found no free port")
+
+    def _start_once(self, timeout: float) -> None:
+        bus = ("--cluster-port", str(self.bus_port)) if self.bus_port is not None else ()
         args = [
             valkey_server_binary(),
             "--port", str(self.port),
@@ -80,13 +103,17 @@ class ValkeyProcess:
             "--dir", str(self.dir),
             "--protected-mode", "no",
             *self.extra_args,
+            *bus,
         ]  # fmt: skip
         log = open(self.dir / "valkey.log", "ab")  # noqa: SIM115 - owned by the child process
         self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"valkey-server exited: {(self.dir / 'valkey.log').read_text()[-2000:]}")
+                log_text = (self.dir / "valkey.log").read_text()[-2000:]
+                if "Address already in use" in log_text:
+                    raise _PortTaken(log_text)
+                raise RuntimeError(f"valkey-server exited: {log_text}")
             with contextlib.suppress(OSError, valkey_sync.exceptions.ConnectionError):
                 if self.client().ping():
                     return
