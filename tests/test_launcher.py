@@ -3,16 +3,21 @@ fail-open managed loop, and exactly one ``memory.*`` span per operation under th
 
 from __future__ import annotations
 
+import asyncio
 import time
+from pathlib import Path
 
 import httpx
 import orjson
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from sessionmem_core import api, env
 from sessionmem_core.keys import Owner, session_key
 from sessionmem_launcher.server import Launcher
-from tests.support.valkey import ValkeyProcess
+from tests.conftest import launcher_settings
+from tests.support.processes import ServiceProcess
+from tests.support.valkey import ValkeyProcess, free_port
 from tests.test_proxy import BAD_IDS, exchange
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
@@ -168,3 +173,27 @@ async def test_managed_loop_spans_join_the_callers_trace(
     spans = span_exporter.get_finished_spans()
     assert [s.name for s in spans] == ["memory.get", "memory.append"]
     assert all(s.context is not None and format(s.context.trace_id, "032x") == TRACE_ID for s in spans)
+
+
+async def test_the_serving_port_is_ready_only_while_the_agent_listens(
+    proxy_process: ServiceProcess, dev_token_file: Path
+) -> None:
+    """The operator's readiness probe: a pod takes turns only once its agent accepts connections."""
+    agent_port = free_port()
+    settings = launcher_settings(proxy_process.base_url, dev_token_file, **{env.AGENT_PORT: str(agent_port)})
+    instance = Launcher(settings, serve_host="127.0.0.1")
+    await instance.start()
+    try:
+        ready_url = f"http://127.0.0.1:{instance.serve_port}{api.AGENT_READY_PATH}"
+        async with httpx.AsyncClient() as client:
+            before = await client.get(ready_url)
+            listener = await asyncio.start_server(lambda _r, w: w.close(), "127.0.0.1", agent_port)
+            try:
+                after = await client.get(ready_url)
+            finally:
+                listener.close()
+                await listener.wait_closed()
+    finally:
+        await instance.stop()
+    assert before.status_code == 502 and before.json()["error"]["type"] == "agent_unavailable"
+    assert after.status_code == 200

@@ -117,6 +117,9 @@ def export_path(conversation_id: str) -> str:
 # Agent-wide and user-wide lifecycle operations (no conversation id in the path).
 CONVERSATIONS_PATH = f"{API_PREFIX}/conversations"
 USER_CONVERSATIONS_PATH = f"{API_PREFIX}/users/me/conversations"
+# The launcher's serving port: ready only while the agent behind it accepts connections (the readiness
+# probe the operator renders), so no turn reaches a pod whose agent is not listening yet.
+AGENT_READY_PATH = "/readyz"
 # Administration: a person's act, authorised by Kubernetes RBAC on agentdeployments/memory.
 ADMIN_AGENT_MEMORY_PATH = f"{API_PREFIX}/admin/namespaces/{{namespace}}/agents/{{agent}}/memory"
 ADMIN_REGISTRY_MEMORY_PATH = f"{API_PREFIX}/admin/registries/{{registry}}/memory"

@@ -17,6 +17,7 @@ capability itself.
 
 from __future__ import annotations
 
+import asyncio
 from urllib.parse import quote
 
 import orjson
@@ -68,6 +69,10 @@ class AgentUnavailable(SessionMemError):
     status = 502
 
 
+READY = b'{"status":"ready"}'
+_READY_TIMEOUT_SECONDS = 1.0
+
+
 class ManagedLoop:
     def __init__(
         self,
@@ -92,6 +97,10 @@ class ManagedLoop:
         if scope.path == HEALTH_PATH and scope.method == "GET":
             respond(proto, 200, HEALTHY)
             return
+        if scope.path == api.AGENT_READY_PATH and scope.method == "GET":
+            await self._agent_listening()
+            respond(proto, 200, READY)
+            return
         body = await self._limits.read_body(scope, proto)
         capability = scope.headers.get(api.USER_CAPABILITY_HEADER)
         conversation_id = scope.headers.get(api.CONVERSATION_ID_HEADER)
@@ -100,6 +109,15 @@ class ManagedLoop:
             proto.response_bytes(status, headers, answer)
             return
         await self._turn(scope, proto, validate_conversation_id(conversation_id), body, capability)
+
+    async def _agent_listening(self) -> None:
+        """``agent_unavailable`` (502) until the agent accepts a connection on its port."""
+        try:
+            async with asyncio.timeout(_READY_TIMEOUT_SECONDS):
+                _, writer = await asyncio.open_connection("127.0.0.1", self._settings.agent_port)
+            writer.close()
+        except (OSError, TimeoutError) as exc:
+            raise AgentUnavailable(f"agent on port {self._settings.agent_port} is not listening yet") from exc
 
     async def _turn(
         self, scope: Scope, proto: HTTPProtocol, conversation_id: str, body: bytes, capability: str | None

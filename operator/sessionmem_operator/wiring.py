@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sessionmem_core import env, kube
+from sessionmem_core import api, env, kube
 from sessionmem_core.api import BUILTIN_REDACTORS
 from sessionmem_core.keys import Scope, session_prefix, shared_prefix
 from sessionmem_operator.config import OperatorConfig
@@ -276,6 +276,12 @@ def launcher_container(agent: AgentSpec, resolution: MemoryResolution, config: O
         "command": list(LAUNCHER_COMMAND),
         "ports": [{"name": SERVE_PORT_NAME, "containerPort": env.DEFAULT_SERVE_PORT, "protocol": "TCP"}],
         "env": launcher_env(agent, resolution, config),
+        # Ready once the agent behind the launcher listens: a new or cold pod takes no turn before that.
+        "readinessProbe": {
+            "httpGet": {"path": api.AGENT_READY_PATH, "port": env.DEFAULT_SERVE_PORT},
+            "periodSeconds": 2,
+            "failureThreshold": 1,
+        },
         "resources": {section: dict(values) for section, values in config.launcher_resources.items()},
         "securityContext": {
             "allowPrivilegeEscalation": False,

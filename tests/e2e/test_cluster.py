@@ -226,3 +226,20 @@ def test_pod_reaches_services_and_the_api_by_name_and_nothing_beyond_the_host(
         "external_name_resolves": False,
         "outside_reachable": False,
     }
+
+
+def test_the_hosts_own_connections_to_an_unserved_service_ip_never_leave_it(e2e_cluster: E2ECluster) -> None:
+    """A Service IP kube-proxy has not programmed (here: one no Service has) is refused on this host at
+    once; without that, the host's default route would carry it off the machine to whoever answers."""
+    import socket
+
+    unused = "10.96.0.254"  # in the Service range (tools/e2e/cluster.sh), never allocated by these tests
+    with socket.socket() as sock:
+        sock.settimeout(5)
+        try:
+            sock.connect((unused, 80))
+        except OSError as exc:
+            refused = exc
+        else:
+            raise AssertionError(f"something answered on {unused}:80")
+    assert isinstance(refused, ConnectionRefusedError), refused

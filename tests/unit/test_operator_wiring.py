@@ -115,3 +115,15 @@ def test_every_finding_is_reported_and_the_first_blocking_one_is_the_reason() ->
     }
     for finding in resolution.findings:
         assert finding.message in resolution.message
+
+
+def test_the_launcher_is_ready_only_when_its_agent_listens() -> None:
+    """A readiness probe on the launcher's agent check: a cold pod gets no turn before its agent is up."""
+    from sessionmem_core import api, env
+    from sessionmem_operator.wiring import launcher_container
+
+    spec = agent(MemorySpec())
+    container = launcher_container(spec, resolve_memory(spec, (), CONFIG), CONFIG)
+    probe = container["readinessProbe"]["httpGet"]
+    assert probe == {"path": api.AGENT_READY_PATH, "port": env.DEFAULT_SERVE_PORT}
+    assert container["ports"][0]["containerPort"] == env.DEFAULT_SERVE_PORT

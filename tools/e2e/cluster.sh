@@ -156,6 +156,12 @@ network_up() {
     iptables -A "$CHAIN" -s "$POD_CIDR" -d "$POD_CIDR" -j RETURN
     iptables -A "$CHAIN" -s "$POD_CIDR" -j DROP
     iptables -C FORWARD -j "$CHAIN" 2>/dev/null || iptables -I FORWARD 1 -j "$CHAIN"
+    # This host's own connections to a Service IP (the tests') must never leave it: before kube-proxy
+    # has programmed a Service, a ClusterIP is just a private address, and the default route would
+    # carry it off the host. The Service range is routed onto our bridge (so kube-proxy's DNAT still
+    # applies to local connections), and whatever is still addressed to it after DNAT is refused here.
+    ip route replace "$SERVICE_CIDR" dev "$BRIDGE"
+    iptables -C OUTPUT -d "$SERVICE_CIDR" -j REJECT 2>/dev/null || iptables -I OUTPUT 1 -d "$SERVICE_CIDR" -j REJECT
     mkdir -p "$RUN/cni/net.d" "$RUN/cni/ipam"
     cat >"$RUN/cni/net.d/10-sessionmem-e2e.conflist" <<CNI
 {
@@ -205,6 +211,8 @@ kube_chains_down() {
 network_down() {
     kube_chains_down
     iptables -D FORWARD -j "$CHAIN" 2>/dev/null || true
+    iptables -D OUTPUT -d "$SERVICE_CIDR" -j REJECT 2>/dev/null || true
+    ip route del "$SERVICE_CIDR" dev "$BRIDGE" 2>/dev/null || true
     iptables -F "$CHAIN" 2>/dev/null || true
     iptables -X "$CHAIN" 2>/dev/null || true
     ip link del "$BRIDGE" 2>/dev/null || true
