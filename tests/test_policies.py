@@ -287,3 +287,42 @@ def test_replay_keeps_every_entrys_author() -> None:
         ("system", "team-a/other-agent"),
         ("user", "team-a/support-agent"),
     ]
+
+
+async def test_an_administrator_erases_one_user_with_every_agent_of_a_namespace(
+    per_user_proxy: ServiceProcess, capability_key: bytes, valkey_server: ValkeyProcess
+) -> None:
+    """The user's memory across agents: every agent's bucket of that user goes, in that namespace only;
+    other users and other namespaces keep theirs, and the receipt names exactly what left Valkey."""
+    from sessionmem_core.devauth import dev_token
+
+    def as_user(namespace: str, agent: str, user: str) -> dict[str, str]:
+        capability = mint_capability(capability_key, user, Owner(namespace, agent), 60)
+        return {
+            "Authorization": f"Bearer {dev_token(namespace, agent)}",
+            "X-Sessionmem-User-Capability": capability,
+        }
+
+    body = {"entries": [{"role": "user", "content": "hello"}]}
+    async with httpx.AsyncClient(base_url=per_user_proxy.base_url) as client:
+        for namespace, agent, user in (
+            ("team-a", "support", "alice"),
+            ("team-a", "billing", "alice"),
+            ("team-a", "support", "bob"),
+            ("team-b", "support", "alice"),
+        ):
+            written = await client.post(
+                "/v1/conversations/c1/entries", json=body, headers=as_user(namespace, agent, user)
+            )
+            assert written.status_code == 200
+        before = set(valkey_server.conversation_keys())
+        erased = await client.delete(
+            "/v1/admin/namespaces/team-a/users/alice/memory", headers={"Authorization": "Bearer dev-admin:root"}
+        )
+    after = set(valkey_server.conversation_keys())
+    receipt = erased.json()
+    assert erased.status_code == 200 and receipt["entries"] == 2
+    assert sorted(k.encode() for k in receipt["keys"]) == sorted(before - after)
+    assert len(after) == 2 and all(
+        k.startswith(b"mem:team-a/support:u:") or k.startswith(b"mem:team-b/") for k in after
+    )

@@ -78,6 +78,10 @@ CALLS: dict[str, list[Call]] = {
         ("DELETE", "/v1/admin/namespaces/team-a/agents/support-agent/users/alice/memory", None, ADMIN),
         ("DELETE", "/v1/admin/namespaces/team-a/agents/support-agent/users/alice/memory", None, {}),
     ],
+    "admin_erase_user_everywhere": [
+        ("DELETE", "/v1/admin/namespaces/team-a/users/alice/memory", None, ADMIN),
+        ("DELETE", "/v1/admin/namespaces/team-a/users/alice/memory", None, AUTH),
+    ],
     "admin_erase_registry": [
         ("DELETE", "/v1/admin/registries/support-team/memory", None, ADMIN),
         ("DELETE", "/v1/admin/registries/support-team/memory", None, AUTH),

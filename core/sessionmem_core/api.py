@@ -122,6 +122,7 @@ USER_CONVERSATIONS_PATH = f"{API_PREFIX}/users/me/conversations"
 AGENT_READY_PATH = "/readyz"
 # Administration: a person's act, authorised by Kubernetes RBAC on agentdeployments/memory.
 ADMIN_AGENT_MEMORY_PATH = f"{API_PREFIX}/admin/namespaces/{{namespace}}/agents/{{agent}}/memory"
+ADMIN_NAMESPACE_USER_MEMORY_PATH = f"{API_PREFIX}/admin/namespaces/{{namespace}}/users/{{user}}/memory"
 ADMIN_REGISTRY_MEMORY_PATH = f"{API_PREFIX}/admin/registries/{{registry}}/memory"
 ADMIN_USER_MEMORY_PATH = f"{API_PREFIX}/admin/namespaces/{{namespace}}/agents/{{agent}}/users/{{user}}/memory"
 

@@ -169,6 +169,46 @@ async def erase_user_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel |
     return await _erase(ctx, p, prefix, owner.namespace, owner.agent, kube.AGENT_PLURAL, user=p["user"])
 
 
+async def erase_user_everywhere(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+    """One end user's conversations with every agent of a namespace, for a person allowed to delete the
+    memory of all the namespace's AgentDeployments. The user's buckets are found by the agents that keep
+    per-user memory there (their bucket keys), each derived as the proxy derives it for the user's turns."""
+    from sessionmem_proxy.lifecycle import delete_all
+
+    namespace, user = p["namespace"], p["user"]
+    space = session_prefix(Owner(namespace, "any"))[: -len("any:")]  # mem:{namespace}/
+    if ctx.admin is None:
+        raise Forbidden("memory administration is not enabled on this proxy")
+    admin = await ctx.admin.authorize(bearer_token(p["authorization"]), ERASE, namespace, None)
+    agents: set[str] = set()
+    cursor = 0
+    while True:
+        cursor, keys = await ctx.store.scan(f"{space}*:u:*", cursor, 500)
+        agents.update(key[len(space) :].split(":", 1)[0] for key in keys)
+        if cursor == 0:
+            break
+    removed: list[str] = []
+    entries = 0
+    with ctx.tracer.span("admin_erase", "", p["traceparent"]) as span:
+        for agent in sorted(agents):
+            keys, count = await delete_all(ctx, ctx.keys.bucket_prefix(Owner(namespace, agent), user))
+            removed += keys
+            entries += count
+        span.entries = entries
+    _AUDIT.warning(
+        "memory of one user with every agent of %s erased by %s: %d keys, %d entries",
+        namespace,
+        admin.username,
+        len(removed),
+        entries,
+    )
+    return model_reply(
+        wire.ErasureReceipt(
+            namespace=namespace, agent="", user=user, keys=sorted(removed), entries=entries, erasedBy=admin.username
+        )
+    )
+
+
 async def erase_registry_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
     """Every shared conversation of one AgentRegistry's team: its members append and read them, but
     replacing or erasing them is a person's act (delete on agentregistries/memory, cluster-scoped)."""

@@ -228,6 +228,17 @@ ROUTES: tuple[Route, ...] = (
         "administration",
     ),
     Route(
+        "admin_erase_user_everywhere",
+        "DELETE",
+        api.ADMIN_NAMESPACE_USER_MEMORY_PATH,
+        (params.NAMESPACE, params.USER, params.ADMIN_AUTHORIZATION, params.TRACEPARENT),
+        admin.erase_user_everywhere,
+        wire.ErasureReceipt,
+        CALLER_STATUSES,
+        "Erase one end user's memory with every agent of a namespace (RBAC: delete agentdeployments/memory)",
+        "administration",
+    ),
+    Route(
         "admin_erase_registry",
         "DELETE",
         api.ADMIN_REGISTRY_MEMORY_PATH,
