@@ -154,8 +154,8 @@ class Requests:
         """:meth:`append` for the framework adapters, whose turn it is on: their entries are checked by the
         server, not here (the adapters make the role and the text themselves; the size limits are the
         server's to enforce), so a refused entry comes back as the server's typed error and nothing of its
-        batch is stored. Made in place, ``EntryIn`` models and the request model around them cost ~50 µs
-        of a sequential agent's turn, ten times what they cost in a loop."""
+        batch is stored. Made in place, ``EntryIn`` models and the request model around them cost a share
+        of a sequential agent's turn many times what they cost in a loop (docs/benchmarks.md)."""
         path = api.entries_path(_segment(conversation_id))
         return Request("POST", path, wire.AppendResponse, body=orjson.dumps({"entries": entries}))
 
@@ -302,7 +302,7 @@ def decode(request: Request[M], reply: Reply) -> M:
 
 def check_stored(request: Request[Any], reply: Reply) -> None:
     """A 2xx answer, of which the caller needs nothing more; a typed :class:`SessionMemError` otherwise.
-    (Building the answer's model cost ~50 µs of an agent's turn in the adapters, which drop it.)"""
+    (Building the answer's model cost the adapters, which drop it, a share of their turn.)"""
     if reply.status >= 400:
         raise from_wire(reply.status, reply.body)
     if not 200 <= reply.status < 300:
@@ -314,8 +314,8 @@ def check_stored(request: Request[Any], reply: Reply) -> None:
 @lru_cache(maxsize=1024)
 def window_read(conversation_id: str, limit: int, summary: bool) -> Request[wire.History]:
     """:meth:`Requests.read` of an adapter's window, kept (a request is immutable): an adapter reads the
-    same window of the same conversation every turn, and building it again cost ~15 µs of the turn in
-    place (3 µs in a loop). A request the contract refuses raises every time; errors are not cached."""
+    same window of the same conversation every turn, and building it again cost a share of the turn
+    (docs/benchmarks.md). A request the contract refuses raises every time; errors are not cached."""
     return Requests.read(conversation_id, limit, summary, None)
 
 
@@ -333,7 +333,7 @@ _ROLE_VALUES = frozenset(role.value for role in wire.Role)
 def decode_window(request: Request[wire.History], reply: Reply) -> list[WindowEntry]:
     """A read's entries (the summary first, when the answer has one) as the JSON objects the answer holds,
     for the framework adapters: they turn each entry into their own message type at once, and building
-    the History model first cost more than the rest of their turn (~50 µs for 40 entries). The fields they
+    the History model first cost more than the rest of their turn. The fields they
     use are still checked: an entry without a known role or a string id and content is an unexpected
     answer."""
     if reply.status >= 400:

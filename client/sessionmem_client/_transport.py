@@ -1,8 +1,8 @@
 """How the clients send a :class:`~sessionmem_client._requests.Request`: by default over sessionmem's own
 keep-alive HTTP/1.1 client (``sessionmem_infra.http_client``), or over httpx pieces the caller brings.
 
-The default matters because every agent turn pays two memory calls: httpx costs about 0.4 ms of CPU per
-call to the launcher on this kind of machine, more than the launcher, the proxy and Valkey together.
+The default matters because every agent turn pays two memory calls: httpx costs more CPU per call to the
+launcher than the launcher, the proxy and Valkey together (docs/benchmarks.md).
 httpx stays for callers who need what it adds (their own transport, proxies, a mock in tests); it is
 imported only then.
 """
@@ -29,7 +29,7 @@ def _target(request: Request[Any]) -> str:
 class _HeaderBytes:
     """The encoded headers of a lean transport's requests, kept: a client sends the same few requests over
     and over (every agent turn reads the same window and appends to the same conversation), and building
-    the pairs afresh cost ~10 µs per call in place. Kept per transport (a client and the
+    the pairs afresh cost a share of every call. Kept per transport (a client and the
     ``with_turn`` clones that share its pool), not process-wide, so a turn handle goes with the clients that
     carried it; keyed by the options, so each clone sends its own; bounded, as each distinct turn and
     traceparent is a key."""

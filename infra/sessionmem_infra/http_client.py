@@ -143,8 +143,8 @@ class _Connection(asyncio.Protocol):
     and copies into its buffer on every chunk, this sets one future per answer.
 
     The timeout is one timer per connection that outlives the exchanges: arming a timer per request (what
-    ``asyncio.timeout`` does) cost ~30 µs of CPU per call, as the loop's heap fills with cancelled
-    timers. When the timer fires it either expires the exchange under way, if that one is past its
+    ``asyncio.timeout`` does) costs CPU on every call (docs/benchmarks.md), as the loop's heap fills with
+    cancelled timers. When the timer fires it either expires the exchange under way, if that one is past its
     deadline, or re-arms for it; with no exchange under way it lapses."""
 
     __slots__ = ("_answered", "_deadline", "_reader", "_timer", "closed", "transport")
