@@ -23,7 +23,8 @@ import valkey
 import valkey.asyncio as valkey_async
 
 from bench.data import ASSISTANT_TEXT, CAP, OWNER, READ_LIMIT, TTL_SECONDS, USER_TEXT
-from sessionmem_proxy.store import _APPEND, NewEntry, _entry_args
+from sessionmem_proxy.store import APPEND_SCRIPT, NewEntry
+from sessionmem_proxy.store import append_args as store_append_args
 
 _FIGURES = re.compile(r'"([0-9]+(?:\.[0-9]+)?)"')
 
@@ -49,11 +50,11 @@ def benchmark_tool() -> str | None:
 def append_args() -> list[str]:
     """The append script's ARGV for one exchange, exactly as ConversationStore.append builds it."""
     entries = [NewEntry(role="user", content=USER_TEXT), NewEntry(role="assistant", content=ASSISTANT_TEXT)]
-    return [str(CAP), str(TTL_SECONDS), "", *_entry_args(entries, OWNER.author, time.time_ns() // 1_000_000)]
+    return [str(a) for a in store_append_args(entries, OWNER.author, CAP, TTL_SECONDS)]
 
 
 def load_append_script(port: int) -> str:
-    return str(valkey.Valkey(host="127.0.0.1", port=port).script_load(_APPEND))
+    return str(valkey.Valkey(host="127.0.0.1", port=port).script_load(APPEND_SCRIPT))
 
 
 def _command(kind: str, sha: str) -> list[str]:
@@ -89,7 +90,7 @@ def run_tool(port: int, kind: str, clients: int, requests: int, keyspace: int) -
 
 async def _python_load(port: int, kind: str, clients: int, seconds: float, keyspace: int) -> CeilingResult:
     client = valkey_async.Valkey(host="127.0.0.1", port=port, max_connections=clients)
-    script = client.register_script(_APPEND)
+    script = client.register_script(APPEND_SCRIPT)
     args = append_args()
     latencies: list[float] = []
     deadline = time.perf_counter() + seconds

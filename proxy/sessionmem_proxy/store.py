@@ -468,6 +468,23 @@ def _entry_args(entries: Sequence[NewEntry], author: str, now_ms: int, client_fl
     return args
 
 
+def append_args(entries: Sequence[NewEntry], author: str, cap: int, ttl_seconds: int) -> list[Any]:
+    """ARGV of the append script (``APPEND_SCRIPT``) for one batch: what every append sends, and what
+    the benchmark's Valkey ceiling sends to measure the same server-side step without the proxy."""
+    return [
+        cap,
+        ttl_seconds,
+        RETRY_WINDOW_ENTRIES,
+        RETRY_WINDOW_BYTES,
+        RETRY_CHUNK_ENTRIES,
+        *_entry_args(entries, author, _now_ms(), client_flags=True),
+    ]
+
+
+# The append script, uncounted (the ledger's accounting apart), as ``append_args`` feeds it.
+APPEND_SCRIPT = _APPEND
+
+
 class ConversationStore:
     """Atomic operations on one conversation key; backend failures surface as BackendUnavailable."""
 
@@ -488,14 +505,7 @@ class ConversationStore:
     async def append(
         self, key: str, entries: Sequence[NewEntry], author: str, cap: int, ttl_seconds: int
     ) -> AppendResult:
-        args: list[Any] = [
-            cap,
-            ttl_seconds,
-            RETRY_WINDOW_ENTRIES,
-            RETRY_WINDOW_BYTES,
-            RETRY_CHUNK_ENTRIES,
-            *_entry_args(entries, author, _now_ms(), client_flags=True),
-        ]
+        args = append_args(entries, author, cap, ttl_seconds)
         if self._counted:
             max_conversations, max_bytes = _write_limits(key)
             reply = await self._guard(
