@@ -17,8 +17,8 @@ from sessionmem_core.devauth import dev_token
 from sessionmem_core.env import LauncherSettings
 from sessionmem_demo.agent import app as agent_app
 from sessionmem_launcher.server import Launcher, serve_in_background
-from tests.support.processes import ServiceProcess
-from tests.support.valkey import ValkeyProcess, free_port
+from tests.support.processes import ServiceProcess, dev_proxy
+from tests.support.valkey import ValkeyProcess
 
 pytest_plugins = ["tests.harness.fixtures"]
 
@@ -37,19 +37,13 @@ def valkey_server() -> Iterator[ValkeyProcess]:
 
 @pytest.fixture
 def proxy_process(valkey_server: ValkeyProcess) -> Iterator[ServiceProcess]:
-    port = free_port()
-    proc = ServiceProcess(
-        "sessionmem_proxy",
-        {
-            env.VALKEY_URL: valkey_server.url,
-            env.AUTH_MODE: "dev",
-            env.PROXY_HOST: "127.0.0.1",
-            env.PROXY_PORT: str(port),
+    proc = dev_proxy(
+        valkey_server.url,
+        **{
             # Functional tests drive one agent far past a tenant's default rate; tests/test_quotas.py covers it.
             env.QUOTA_REQUESTS_PER_SECOND: "1000000",
             env.QUOTA_BURST: "1000000",
         },
-        port,
     )
     proc.start()
     yield proc
@@ -111,17 +105,11 @@ def capability_key(tmp_path: Path) -> bytes:
 
 @pytest.fixture
 def per_user_proxy(valkey_server: ValkeyProcess, tmp_path: Path, capability_key: bytes) -> Iterator[ServiceProcess]:
-    port = free_port()
-    proc = ServiceProcess(
-        "sessionmem_proxy",
-        {
-            env.VALKEY_URL: valkey_server.url,
-            env.AUTH_MODE: "dev",
-            env.PROXY_HOST: "127.0.0.1",
-            env.PROXY_PORT: str(port),
+    proc = dev_proxy(
+        valkey_server.url,
+        **{
             env.CAPABILITY_KEY_FILE: str(tmp_path / "capability-key"),
         },
-        port,
     )
     proc.start()
     yield proc

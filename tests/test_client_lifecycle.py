@@ -28,8 +28,8 @@ from sessionmem_core.capability import mint_capability, new_key
 from sessionmem_core.keys import Owner, session_key, session_prefix
 from sessionmem_launcher.server import Launcher, serve_in_background
 from tests.conftest import launcher_settings
-from tests.support.processes import ServiceProcess
-from tests.support.valkey import ValkeyProcess, free_port
+from tests.support.processes import ServiceProcess, dev_proxy
+from tests.support.valkey import ValkeyProcess
 from tests.test_client_docs import EXAMPLES, NOT_RUN
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
@@ -114,17 +114,11 @@ def capability_key(tmp_path: Path) -> bytes:
 def per_user_proxy(valkey_server: ValkeyProcess, tmp_path: Path, capability_key: bytes) -> Iterator[ServiceProcess]:
     key_file = tmp_path / "capability-key"
     key_file.write_bytes(capability_key + b"\n")
-    port = free_port()
-    proc = ServiceProcess(
-        "sessionmem_proxy",
-        {
-            env.VALKEY_URL: valkey_server.url,
-            env.AUTH_MODE: "dev",
-            env.PROXY_HOST: "127.0.0.1",
-            env.PROXY_PORT: str(port),
+    proc = dev_proxy(
+        valkey_server.url,
+        **{
             env.CAPABILITY_KEY_FILE: str(key_file),
         },
-        port,
     )
     proc.start()
     yield proc

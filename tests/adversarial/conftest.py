@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from sessionmem_core import env
-from tests.support.processes import ServiceProcess
-from tests.support.valkey import ValkeyProcess, free_port
+from tests.support.processes import ServiceProcess, dev_proxy
+from tests.support.valkey import ValkeyProcess
 
 HEAD_TIMEOUT_SECONDS = 1.5
 BODY_TIMEOUT_SECONDS = 1.5
@@ -26,21 +26,15 @@ def valkey() -> Iterator[ValkeyProcess]:
 
 @pytest.fixture(scope="module")
 def proxy(valkey: ValkeyProcess) -> Iterator[ServiceProcess]:
-    port = free_port()
-    process = ServiceProcess(
-        "sessionmem_proxy",
-        {
-            env.VALKEY_URL: valkey.url,
-            env.AUTH_MODE: "dev",
-            env.PROXY_HOST: "127.0.0.1",
-            env.PROXY_PORT: str(port),
+    process = dev_proxy(
+        valkey.url,
+        **{
             env.HEADER_TIMEOUT_SECONDS: str(HEAD_TIMEOUT_SECONDS),
             env.IDLE_TIMEOUT_SECONDS: str(HEAD_TIMEOUT_SECONDS),
             env.BODY_TIMEOUT_SECONDS: str(BODY_TIMEOUT_SECONDS),
             env.MAX_CONNECTIONS: str(MAX_IN_FLIGHT),
             "SESSIONMEM_PROXY_WORKERS": "1",
         },
-        port,
     )
     process.start()
     yield process

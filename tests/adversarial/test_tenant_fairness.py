@@ -13,8 +13,8 @@ import pytest
 
 from sessionmem_core import env
 from sessionmem_core.devauth import dev_token
-from tests.support.processes import ServiceProcess
-from tests.support.valkey import ValkeyProcess, free_port
+from tests.support.processes import ServiceProcess, dev_proxy
+from tests.support.valkey import ValkeyProcess
 
 GREEDY = {"Authorization": f"Bearer {dev_token('team-a', 'greedy')}"}
 POLITE = {"Authorization": f"Bearer {dev_token('team-b', 'polite')}"}
@@ -22,21 +22,15 @@ POLITE = {"Authorization": f"Bearer {dev_token('team-b', 'polite')}"}
 
 @pytest.fixture
 def small_quota_proxy(valkey_server: ValkeyProcess) -> Iterator[ServiceProcess]:
-    port = free_port()
-    proc = ServiceProcess(
-        "sessionmem_proxy",
-        {
-            env.VALKEY_URL: valkey_server.url,
-            env.AUTH_MODE: "dev",
-            env.PROXY_HOST: "127.0.0.1",
-            env.PROXY_PORT: str(port),
+    proc = dev_proxy(
+        valkey_server.url,
+        **{
             env.QUOTA_CONVERSATIONS: "5",
             env.QUOTA_BYTES: "200000",
             # A rate low enough that no token comes back during the test: the burst is what an agent has.
             env.QUOTA_REQUESTS_PER_SECOND: "0.01",
             env.QUOTA_BURST: "60",
         },
-        port,
     )
     proc.start()
     yield proc

@@ -66,3 +66,20 @@ class ServiceProcess:
     def pid(self) -> int:
         assert self._proc is not None
         return self._proc.pid
+
+
+def dev_proxy(valkey_url: str, **extra: str) -> ServiceProcess:
+    """The proxy as users start it (``python -m sessionmem_proxy``), in the explicit dev identity mode, on a
+    free loopback port, with ``extra`` environment (sessionmem_core.env names); not started yet."""
+    from sessionmem_core import env
+    from tests.support.valkey import free_port
+
+    port = free_port()
+    variables = {
+        env.VALKEY_URL: valkey_url,
+        env.AUTH_MODE: "dev",
+        env.PROXY_HOST: "127.0.0.1",
+        env.PROXY_PORT: str(port),
+        **extra,
+    }
+    return ServiceProcess("sessionmem_proxy", variables, port)
