@@ -114,3 +114,27 @@ def per_user_proxy(valkey_server: ValkeyProcess, tmp_path: Path, capability_key:
     proc.start()
     yield proc
     proc.stop()
+
+
+# What a test needs, as markers (`pytest -m "not kube"`, `-m valkey`, ...): read from the fixtures it uses
+# (pytest lists them transitively, so a proxy fixture brings its valkey-server) and from where it lives.
+_VALKEY_FIXTURES = frozenset({"valkey_server", "valkey", "chart_valkey"})
+_KUBE_FIXTURES = frozenset({"kube_cluster", "kube_cluster_without_knative"})
+_VALKEY_SOURCES = ("ValkeyProcess(", "ValkeyCluster(")
+_FAULT_FOLDERS = ("faults", "adversarial")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    starts_valkey: dict[Path, bool] = {}
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        path = Path(str(item.fspath))
+        if path not in starts_valkey:
+            source = path.read_text() if path.suffix == ".py" else ""
+            starts_valkey[path] = any(marker in source for marker in _VALKEY_SOURCES)
+        if fixtures & _VALKEY_FIXTURES or starts_valkey[path]:
+            item.add_marker(pytest.mark.valkey)
+        if fixtures & _KUBE_FIXTURES:
+            item.add_marker(pytest.mark.kube)
+        if path.parent.name in _FAULT_FOLDERS:
+            item.add_marker(pytest.mark.faults)
