@@ -1,6 +1,6 @@
-"""sessionmem's own HTTP/1.1 clients (asyncio and blocking) against its own server, at the edges a general
-library would cover: keep-alive reuse, a pooled connection the server dropped, timeouts, refused
-connections, header injection, and uvloop (which the launcher and the proxy run on)."""
+"""sessionmem's own HTTP/1.1 clients (asyncio and blocking) against granian (the server the proxy and the
+launcher run on), at the edges a general library would cover: keep-alive reuse, a pooled connection the
+server dropped (its idle timeout), timeouts, refused connections, header injection, and uvloop."""
 
 from __future__ import annotations
 
@@ -13,42 +13,64 @@ import orjson
 import pytest
 import uvloop
 
+from sessionmem_core.env import ServingLimits
 from sessionmem_infra.http_client import BlockingHttpClient, HttpClient, HttpError, HttpTimeout
-from tests.support.http_server import HttpServer
+from sessionmem_launcher.serving import EmbeddedServer, serve_in_background
 from tests.support.valkey import free_port
 
+# The peer closes a kept-alive connection idle for this long: how a test makes the server drop one.
+IDLE_SECONDS = 0.3
 
-async def _app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-    message = await receive()
-    if scope["path"] == "/hang":
-        await asyncio.sleep(30)
-    body = orjson.dumps({"path": scope["path"], "body": message["body"].decode()})
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": body})
+
+class Peer:
+    """An echo app on granian that records the client port of every request, so a test can tell which
+    requests shared a connection."""
+
+    def __init__(self) -> None:
+        self.client_ports: list[int] = []
+        self.server: EmbeddedServer | None = None
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.port
+
+    @property
+    def connections(self) -> set[int]:
+        return set(self.client_ports)
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        self.client_ports.append(int(scope["client"][1]))
+        message = await receive()
+        if scope["path"] == "/hang":
+            await asyncio.sleep(30)
+        body = orjson.dumps({"path": scope["path"], "body": message.get("body", b"").decode()})
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[HttpServer]:
-    server = HttpServer(_app, 1024)
-    await server.start("127.0.0.1", 0)
-    yield server
-    await server.stop(grace_seconds=0.1)
+async def server() -> AsyncIterator[Peer]:
+    peer = Peer()
+    limits = ServingLimits(header_timeout_seconds=IDLE_SECONDS, idle_timeout_seconds=IDLE_SECONDS)
+    peer.server = await serve_in_background(peer, limits=limits)
+    yield peer
+    await peer.server.stop()
 
 
-def _drop_idle_connections(server: HttpServer) -> None:
-    for connection in list(server.connections):
-        connection.close_if_idle()
+async def _let_the_server_drop_idle_connections() -> None:
+    await asyncio.sleep(IDLE_SECONDS * 3)
 
 
-async def test_async_client_reuses_a_connection_and_survives_the_server_dropping_it(server: HttpServer) -> None:
+async def test_async_client_reuses_a_connection_and_survives_the_server_dropping_it(server: Peer) -> None:
     client = HttpClient(f"http://127.0.0.1:{server.port}")
     try:
         first = await client.request("POST", "/a", [(b"content-type", b"text/plain")], b"hello")
         second = await client.request("GET", "/b")
         assert len(server.connections) == 1, "both requests went over one kept-alive connection"
-        _drop_idle_connections(server)
-        await asyncio.sleep(0.05)
+        await _let_the_server_drop_idle_connections()
         third = await client.request("GET", "/c")
+        assert len(server.connections) == 2, "the dropped connection was replaced by a new one"
     finally:
         await client.aclose()
     assert orjson.loads(first.body) == {"path": "/a", "body": "hello"}
@@ -56,22 +78,22 @@ async def test_async_client_reuses_a_connection_and_survives_the_server_dropping
     assert [orjson.loads(r.body)["path"] for r in (second, third)] == ["/b", "/c"]
 
 
-async def test_blocking_client_reuses_a_connection_and_survives_the_server_dropping_it(server: HttpServer) -> None:
+async def test_blocking_client_reuses_a_connection_and_survives_the_server_dropping_it(server: Peer) -> None:
     client = BlockingHttpClient(f"http://127.0.0.1:{server.port}", timeout=5)
     try:
         first = await asyncio.to_thread(client.request, "POST", "/a", [], b"hello")
         second = await asyncio.to_thread(client.request, "GET", "/b")
         assert len(server.connections) == 1, "both requests went over one kept-alive connection"
-        _drop_idle_connections(server)
-        await asyncio.sleep(0.05)
+        await _let_the_server_drop_idle_connections()
         third = await asyncio.to_thread(client.request, "GET", "/c")
+        assert len(server.connections) == 2, "the dropped connection was replaced by a new one"
     finally:
         client.close()
     assert orjson.loads(first.body) == {"path": "/a", "body": "hello"}
     assert [orjson.loads(r.body)["path"] for r in (second, third)] == ["/b", "/c"]
 
 
-async def test_a_timeout_drops_the_connection_and_the_next_request_works(server: HttpServer) -> None:
+async def test_a_timeout_drops_the_connection_and_the_next_request_works(server: Peer) -> None:
     aclient = HttpClient(f"http://127.0.0.1:{server.port}", timeout=0.2)
     bclient = BlockingHttpClient(f"http://127.0.0.1:{server.port}", timeout=0.2)
     try:
@@ -97,7 +119,7 @@ async def test_a_refused_connection_is_an_http_error() -> None:
         BlockingHttpClient(f"http://127.0.0.1:{port}", timeout=1).request("GET", "/")
 
 
-async def test_a_header_that_would_inject_a_line_is_refused_before_sending(server: HttpServer) -> None:
+async def test_a_header_that_would_inject_a_line_is_refused_before_sending(server: Peer) -> None:
     aclient = HttpClient(f"http://127.0.0.1:{server.port}")
     bclient = BlockingHttpClient(f"http://127.0.0.1:{server.port}")
     for bad in ([(b"x-a", b"v\r\nx-injected: 1")], [(b"x-a\r\nx-b", b"v")], [(b"x-a: b", b"v")]):
@@ -105,7 +127,7 @@ async def test_a_header_that_would_inject_a_line_is_refused_before_sending(serve
             await aclient.request("GET", "/", bad)
         with pytest.raises(ValueError, match="invalid HTTP header"):
             bclient.request("GET", "/", bad)
-    assert not server.connections, "nothing was sent"
+    assert not server.client_ports, "nothing was sent"
 
 
 def _on_uvloop(test: Callable[[int], Coroutine[Any, Any, None]], port: int) -> None:
@@ -113,7 +135,7 @@ def _on_uvloop(test: Callable[[int], Coroutine[Any, Any, None]], port: int) -> N
         runner.run(test(port))
 
 
-async def test_the_async_client_runs_on_uvloop(server: HttpServer) -> None:
+async def test_the_async_client_runs_on_uvloop(server: Peer) -> None:
     # uvloop's transports are not asyncio.Transport subclasses: the client must not assume they are.
     async def exchange(port: int) -> None:
         client = HttpClient(f"http://127.0.0.1:{port}", timeout=5)
@@ -126,7 +148,7 @@ async def test_the_async_client_runs_on_uvloop(server: HttpServer) -> None:
     await asyncio.to_thread(_on_uvloop, exchange, server.port)
 
 
-async def test_one_connection_busy_for_longer_than_the_timeout_is_not_cut(server: HttpServer) -> None:
+async def test_one_connection_busy_for_longer_than_the_timeout_is_not_cut(server: Peer) -> None:
     # The timer outlives exchanges: each exchange must get its own deadline, not the first one's.
     client = HttpClient(f"http://127.0.0.1:{server.port}", timeout=0.3)
     try:
@@ -146,7 +168,7 @@ async def test_one_connection_busy_for_longer_than_the_timeout_is_not_cut(server
     assert 0.25 < waited < 1.0, waited
 
 
-async def test_the_blocking_client_can_be_shared_between_threads(server: HttpServer) -> None:
+async def test_the_blocking_client_can_be_shared_between_threads(server: Peer) -> None:
     # Each exchange takes its connection out of the pool: threads never read each other's answers.
     client = BlockingHttpClient(f"http://127.0.0.1:{server.port}", timeout=5)
 
