@@ -26,6 +26,7 @@ from sessionmem_client import (
 from sessionmem_core import api, env
 from sessionmem_core.capability import mint_capability, new_key
 from sessionmem_core.keys import Owner, session_key, session_prefix
+from sessionmem_demo.agent import read_body
 from sessionmem_launcher.server import Launcher, serve_in_background
 from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess, dev_proxy
@@ -179,12 +180,7 @@ class DocsExampleAgent:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         request = orjson.loads(body)
         if request.get("forget"):

@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from sessionmem_core import env
 from sessionmem_core.capability import mint_capability
 from sessionmem_core.keys import Owner, session_key
+from sessionmem_demo.agent import read_body
 from sessionmem_launcher.replay import approx_tokens, message_cost
 from sessionmem_launcher.server import Launcher, serve_in_background
 from tests.conftest import launcher_settings
@@ -27,12 +28,7 @@ OWNER = Owner("team-a", "support-agent")
 
 async def _echo_agent(scope: Scope, receive: Receive, send: Send) -> None:
     """Answers with the history it was given, so a test sees exactly what the launcher replayed."""
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await read_body(receive)
     request = orjson.loads(body) if body else {}
     answer = orjson.dumps({"output": f"answer to {request.get('input')}", "history": request.get("history", [])})
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
@@ -86,12 +82,7 @@ async def test_rolling_summary_is_made_off_the_request_path_and_replayed(
     calls: list[dict[str, Any]] = []
 
     async def slow_summarizer(scope: Scope, receive: Receive, send: Send) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         calls.append(orjson.loads(body))
         await release.wait()
         said = [e["content"] for e in calls[-1]["entries"] if e["role"] == "user"]

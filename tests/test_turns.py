@@ -23,6 +23,7 @@ from sessionmem_core import api, env
 from sessionmem_core.capability import Keyring, mint_capability, user_bucket
 from sessionmem_core.errors import Overloaded
 from sessionmem_core.keys import Owner, per_user_key
+from sessionmem_demo.agent import read_body
 from sessionmem_launcher.managed_loop import AGENT_REQUEST_HEADERS
 from sessionmem_launcher.server import Launcher, serve_in_background
 from sessionmem_launcher.turns import HANDLE_PREFIX, TurnBindings
@@ -53,12 +54,7 @@ class HostileAgent:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         self.received.append((list(scope["headers"]), body))
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         request: dict[str, Any] = orjson.loads(body) if body else {}

@@ -27,15 +27,20 @@ def reply(user_input: str, history: list[dict[str, Any]]) -> str:
     return f"You said {user_input!r}; I can see {len(history)} earlier messages."
 
 
-async def app(scope: Scope, receive: Receive, send: Send) -> None:
-    if scope["type"] != "http":
-        return
+async def read_body(receive: Receive) -> bytes:
+    """The whole body of an ASGI request."""
     body = b""
     while True:
         message = await receive()
-        body += message.get("body", b"")
+        body += bytes(message.get("body", b""))
         if not message.get("more_body"):
-            break
+            return body
+
+
+async def app(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] != "http":
+        return
+    body = await read_body(receive)
     try:
         request = orjson.loads(body) if body else {}
     except orjson.JSONDecodeError:
