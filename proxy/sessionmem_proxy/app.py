@@ -27,7 +27,7 @@ from sessionmem_proxy.context import ProxyContext
 from sessionmem_proxy.identity import Authenticator, DevAuthenticator
 from sessionmem_proxy.keying import KeyResolver
 from sessionmem_proxy.kubeapi import KubeAPI
-from sessionmem_proxy.limits import ClientGone, InFlight, RequestLimits
+from sessionmem_proxy.limits import InFlight, RequestLimits
 from sessionmem_proxy.membership import KubeRegistryMembership, Membership
 from sessionmem_proxy.metrics import ProxyMetrics
 from sessionmem_proxy.params import RawRequest, parse
@@ -100,10 +100,7 @@ class ProxyApp:
             await _send_reply(send, error_reply(Overloaded("this worker is at its request limit; retry")))
             return
         try:
-            try:
-                reply = await self._serve(route, path_values, query, scope["headers"], receive)
-            except ClientGone:
-                return
+            reply = await self._serve(route, path_values, query, scope["headers"], receive)
             if isinstance(reply, StreamReply):
                 await _send_stream(send, reply, self.limits.stall_timeout_seconds)
             else:
@@ -134,8 +131,6 @@ class ProxyApp:
             return await route.handler(self.ctx, values, body)
         except SessionMemError as exc:
             return _typed(exc)
-        except ClientGone:
-            raise
         except Exception as exc:
             _LOG.exception("unhandled error")
             return internal_error_reply(exc)

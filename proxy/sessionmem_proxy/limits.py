@@ -9,13 +9,9 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from sessionmem_core.env import ServingLimits
-from sessionmem_core.errors import HeadersTooLarge, PayloadTooLarge, RequestTimeout, UriTooLong
+from sessionmem_core.errors import HeadersTooLarge, InvalidRequest, PayloadTooLarge, RequestTimeout, UriTooLong
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-
-
-class ClientGone(Exception):
-    """The client disconnected before its request body arrived: nobody to answer."""
 
 
 class RequestLimits:
@@ -60,7 +56,10 @@ class RequestLimits:
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
-                        raise ClientGone
+                        # The body stopped short: the client went away, or its framing was broken (a
+                        # malformed chunk ends the stream the same way). The typed answer is for the latter;
+                        # a client that left never reads it.
+                        raise InvalidRequest("the request body ended early or its framing is malformed")
                     chunk = message.get("body", b"")
                     received += len(chunk)
                     too_large = too_large or received > limit

@@ -336,3 +336,15 @@ def test_requests_over_the_in_flight_limit_are_a_typed_503(
         for sock in held:
             sock.close()
     assert refused.status_code == 503 and refused.json()["error"]["type"] == "overloaded"
+
+
+def test_a_malformed_chunked_body_is_a_typed_400_on_both_ports(launcher_process: ServiceProcess) -> None:
+    for port in _ports(launcher_process):
+        head = (
+            "POST /v1/conversations/chunks/entries HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n"
+            "x-conversation-id: chunks\r\ncontent-type: application/json\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(head.encode() + b"ZZ\r\nabc\r\n0\r\n\r\n")
+            status_line = sock.makefile("rb").readline()
+        assert status_line.split()[1] == b"400", (port, status_line)

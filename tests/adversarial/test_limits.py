@@ -181,3 +181,19 @@ def test_requests_over_the_worker_limit_are_a_typed_503_then_served_again(proxy:
     with connect(proxy.port) as sock:
         sock.sendall(request("GET", "/v1/conversations/c/entries"))
         assert read_answer(sock.makefile("rb")).status == 200, "served again once the slots are free"
+
+
+def test_a_malformed_chunked_body_is_a_typed_400_and_an_abandoned_upload_costs_nothing(
+    proxy: ServiceProcess,
+) -> None:
+    """Broken body framing is the client's fault (400, typed), never the server's (500); a client that
+    leaves halfway through its body leaves the server serving."""
+    head = request("POST", "/v1/conversations/chunks/entries", headers={"Transfer-Encoding": "chunked"})
+    with connect(proxy.port) as sock:
+        sock.sendall(head + b"ZZ\r\nabc\r\n0\r\n\r\n")
+        answer = read_answer(sock.makefile("rb"))
+    assert answer.status == 400 and answer.error_type == "invalid_request", answer
+    for _ in range(20):
+        with connect(proxy.port) as sock:
+            sock.sendall(request("POST", "/v1/conversations/left/entries", b'{"entries":[')[:-4])
+    assert _healthy(proxy)
