@@ -50,7 +50,10 @@ def benchmark_tool() -> str | None:
 def append_args() -> list[str]:
     """The append script's ARGV for one exchange, exactly as ConversationStore.append builds it."""
     entries = [NewEntry(role="user", content=USER_TEXT), NewEntry(role="assistant", content=ASSISTANT_TEXT)]
-    return [str(a) for a in store_append_args(entries, OWNER.author, CAP, TTL_SECONDS)]
+    return [
+        a.decode() if isinstance(a, bytes) else str(a)
+        for a in store_append_args(entries, OWNER.author, CAP, TTL_SECONDS)
+    ]
 
 
 def load_append_script(port: int) -> str:

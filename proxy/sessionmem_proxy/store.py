@@ -304,12 +304,12 @@ return n
 )
 
 # Info: length, newest entry (for the version), remaining TTL in ms.
-_INFO = """
+_INFO = """#!lua flags=no-writes
 return {redis.call('LLEN', KEYS[1]), redis.call('LINDEX', KEYS[1], -1) or '', redis.call('PTTL', KEYS[1])}
 """
 
 # Read with summary: the window, plus the oldest entry when it is a rolling summary outside the window.
-_READ_WITH_SUMMARY = """
+_READ_WITH_SUMMARY = """#!lua flags=no-writes
 local window = redis.call('LRANGE', KEYS[1], -tonumber(ARGV[1]), -1)
 local n = redis.call('LLEN', KEYS[1])
 local head = ''
@@ -455,16 +455,16 @@ class ValkeyLike(Protocol):
     def scan(self, cursor: int = 0, match: str | None = None, count: int | None = None) -> Any: ...
 
 
-def _entry_args(entries: Sequence[NewEntry], author: str, now_ms: int, client_flags: bool = False) -> list[str]:
+def _entry_args(entries: Sequence[NewEntry], author: str, now_ms: int, client_flags: bool = False) -> list[str | bytes]:
     """(id, rest-of-entry) pairs; with ``client_flags``, (id, '1' if the client chose it else '0', rest)."""
-    args: list[str] = []
+    args: list[str | bytes] = []
     for entry in entries:
         rest = orjson.dumps({"role": entry.role, "content": entry.content, "author": author, "ts": now_ms})
         # The id was validated (no quotes, no control characters), so it is safe inside a JSON string.
         args.append(entry.id or new_message_id())
         if client_flags:
             args.append("1" if entry.id else "0")
-        args.append("," + rest[1:].decode())
+        args.append(b"," + rest[1:])
     return args
 
 

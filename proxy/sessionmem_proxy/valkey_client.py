@@ -4,11 +4,9 @@ The URL picks the kind, nothing else changes (one key per conversation, so every
 single-slot command or script):
 
 - ``valkey://host:port/0``, ``redis://...``, ``valkeys://...``/``rediss://...`` (TLS), ``unix://...``: one
-  server (or a replicated primary), through valkey-py's asyncio client on a bounded blocking pool: every
-  command has a connection of its own for its duration, so a slow or timed-out command (a paused writer, a
-  long script) fails only its own request and drops only its own connection, never the commands of other
-  tenants queued behind it on a shared one. A request finding every connection busy waits for one at most
-  the command timeout, then fails (the caller answers 503).
+  server (or a replicated primary), through the proxy's pipelining client (``sessionmem_proxy.resp_client``:
+  concurrent requests share a few connections, reads apart from writes; every command has its own
+  deadline, so a slow or timed-out command fails only its own request).
 - ``valkey+cluster://host:port[,host:port...]`` (``valkeys+cluster://`` for TLS): a Valkey Cluster; the
   listed nodes are only seeds, the client discovers the slot map and follows MOVED/ASK and failovers.
 
@@ -22,8 +20,9 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from valkey.asyncio import BlockingConnectionPool, Valkey
 from valkey.asyncio.cluster import ClusterNode, ValkeyCluster
+
+from sessionmem_proxy.resp_client import DEFAULT_CONNECTIONS, PipelinedValkey
 
 CLUSTER_SCHEMES = {"valkey+cluster": "valkey", "valkeys+cluster": "valkeys", "redis+cluster": "redis"}
 
@@ -37,29 +36,23 @@ def is_cluster_url(url: str) -> bool:
     return urlsplit(url).scheme.lower() in CLUSTER_SCHEMES
 
 
-def connect(url: str, timeout_seconds: float, max_connections: int = 256) -> Valkey | SessionmemCluster:
-    """A client with bounded timeouts (connect, every command, and waiting for a pooled connection), so an
-    unreachable or saturated Valkey turns into a 503, never a hang.
+CLUSTER_CONNECTIONS_PER_NODE = 256
+
+
+def connect(
+    url: str, timeout_seconds: float, max_connections: int | None = None
+) -> PipelinedValkey | SessionmemCluster:
+    """A client with bounded timeouts (connect, and every command), so an unreachable or saturated Valkey
+    turns into a 503, never a hang.
 
     For a ``valkey+cluster://`` URL this is a :class:`SessionmemCluster` (a ValkeyCluster, pooled up to
-    ``max_connections`` per node); otherwise valkey-py's ``Valkey`` on a ``BlockingConnectionPool`` of at
-    most ``max_connections``. The store uses only what both offer (``store.ValkeyLike``), and both close
-    with ``aclose()``. Nothing is retried: a timed-out append may have been applied, and only the caller
-    (with its message ids) can retry it safely."""
+    ``max_connections`` per node); otherwise a :class:`PipelinedValkey` with up to ``max_connections``
+    connections for reads and as many for writes. The store uses only what both offer
+    (``store.ValkeyLike``), and both close with ``aclose()``. Nothing is retried: a timed-out append may
+    have been applied, and only the caller (with its message ids) can retry it safely."""
     if is_cluster_url(url):
-        return connect_cluster(url, timeout_seconds, max_connections)
-    if max_connections < 1:
-        raise ValueError("max_connections must be at least 1")
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=timeout_seconds,
-        socket_timeout=timeout_seconds,
-        socket_connect_timeout=timeout_seconds,
-        health_check_interval=0,
-        decode_responses=False,
-    )
-    return Valkey.from_pool(pool)
+        return connect_cluster(url, timeout_seconds, max_connections or CLUSTER_CONNECTIONS_PER_NODE)
+    return PipelinedValkey.from_url(url, timeout_seconds, max_connections or DEFAULT_CONNECTIONS)
 
 
 def cluster_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
@@ -85,7 +78,9 @@ def cluster_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
     return scheme, seeds
 
 
-def connect_cluster(url: str, timeout_seconds: float, max_connections: int = 256) -> SessionmemCluster:
+def connect_cluster(
+    url: str, timeout_seconds: float, max_connections: int = CLUSTER_CONNECTIONS_PER_NODE
+) -> SessionmemCluster:
     scheme, seeds = cluster_seeds(url)
     parts = urlsplit(url)
     userinfo = parts.netloc.rpartition("@")[0]

@@ -1,4 +1,4 @@
-"""``connect()``: the URL picks standalone (valkey-py on a bounded pool) or cluster (valkey-py's cluster client)."""
+"""``connect()``: the URL picks standalone (the pipelining client) or cluster (valkey-py's cluster client)."""
 
 from __future__ import annotations
 
