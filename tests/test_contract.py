@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from sessionmem_core import env
 from sessionmem_core.env import ConfigError, LauncherSettings, ProxySettings
 from sessionmem_core.errors import InvalidConversationId, InvalidRequest
-from sessionmem_core.ids import new_conversation_id, validate_conversation_id
+from sessionmem_core.ids import new_conversation_id, new_message_id, validate_conversation_id, validate_message_id
 from sessionmem_core.keys import Owner, matches_layout, per_user_key, session_key, shared_key
 
 BAD = [
@@ -72,3 +74,21 @@ def test_proxy_defaults_to_tokenreview_not_dev_identity() -> None:
     assert ProxySettings.from_env({}).auth_mode == "tokenreview"
     with pytest.raises(ConfigError):
         ProxySettings.from_env({env.AUTH_MODE: "none"})
+
+
+def test_minted_message_ids_are_valid_distinct_and_not_shared_with_a_forked_worker() -> None:
+    """Ids are drawn a batch at a time: a worker forked after its parent drew a batch must not mint the
+    ids left in the parent's batch (two workers would then store the same id and drop entries as retries)."""
+    minted = [new_message_id() for _ in range(2000)]
+    assert len(set(minted)) == len(minted)
+    for message_id in minted:
+        assert validate_message_id(message_id) == message_id and len(message_id) == 16
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, reported to the parent
+        os.write(write_end, ",".join(new_message_id() for _ in range(50)).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = set(os.read(read_end, 65536).decode().split(","))
+    parent = {new_message_id() for _ in range(50)}
+    assert len(child) == 50 and not child & parent
