@@ -321,6 +321,7 @@ def proxy(valkey_url: str, workers: int) -> HttpService:
         # One dev agent drives the throughput runs, far past a tenant's default rate (200/s per worker).
         "SESSIONMEM_QUOTA_REQUESTS_PER_SECOND": "1000000",
         "SESSIONMEM_QUOTA_BURST": "1000000",
+        "SESSIONMEM_QUOTA_BYTES_PER_SECOND": str(1 << 40),
     }
     return HttpService(
         f"proxy-w{workers}", [sys.executable, "-m", "sessionmem_proxy", "--workers", str(workers)], env, port

@@ -561,6 +561,7 @@ QUOTAS = {
     "bytes": (env.QUOTA_BYTES, env.DEFAULT_QUOTA_BYTES),
     "requestsPerSecond": (env.QUOTA_REQUESTS_PER_SECOND, env.DEFAULT_QUOTA_REQUESTS_PER_SECOND),
     "burst": (env.QUOTA_BURST, env.DEFAULT_QUOTA_BURST),
+    "bytesPerSecond": (env.QUOTA_BYTES_PER_SECOND, env.DEFAULT_QUOTA_BYTES_PER_SECOND),
 }
 
 

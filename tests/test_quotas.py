@@ -57,6 +57,11 @@ async def client_for(
         await valkey.aclose()
 
 
+def large_body() -> dict[str, Any]:
+    """Three entries of the largest content: about 3/8 of the transfer burst (two maximal bodies)."""
+    return {"entries": [{"role": "user", "content": "x" * (env.MAX_CONTENT_CHARS - 100)}] * 3}
+
+
 def entry(content: str, message_id: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"entries": [{"role": "user", "content": content}]}
     if message_id:
@@ -150,10 +155,79 @@ async def test_the_bucket_refills_at_the_agent_rate() -> None:
         await quotas.admit("get", owner, "mem:team-a/agent:c")
 
 
+async def test_a_body_over_the_transfer_rate_is_refused_before_it_is_read(
+    client_for: Callable[..., httpx.AsyncClient], valkey_server: ValkeyProcess
+) -> None:
+    """The burst is two maximal bodies; at a rate that gives nothing back during the test, appends of
+    ~3/8 of the burst each pass until the bucket is in debt, then are a 429, for that agent only. Refused
+    before it is read: a request that declares a body and sends none is answered at once instead of
+    waiting out the body timeout."""
+    client = client_for(**{env.QUOTA_BYTES_PER_SECOND: "1", env.BODY_TIMEOUT_SECONDS: "30"})
+    statuses = []
+    for i in range(4):
+        answer = await client.post(f"/v1/conversations/big{i}/entries", json=large_body(), headers=A)
+        statuses.append(answer.status_code)
+    assert statuses == [200, 200, 200, 429]
+    assert "transfer rate" in answer.json()["error"]["message"] and int(answer.headers["retry-after"]) >= 1
+    assert (await client.post("/v1/conversations/big3/entries", json=large_body(), headers=B)).status_code == 200
+    assert valkey_server.client().llen("mem:team-a/greedy:big3") == 0
+
+    async def declared_but_never_sent() -> httpx.Response:
+        async def nothing() -> AsyncIterator[bytes]:
+            await asyncio.Event().wait()  # never yields: the body never comes
+            yield b""
+
+        return await client.post(
+            "/v1/conversations/c/entries",
+            content=nothing(),
+            headers={**A, "content-type": "application/json", "content-length": "1000"},
+        )
+
+    answer = await asyncio.wait_for(declared_but_never_sent(), 10)
+    assert answer.status_code == 429
+
+
+async def test_reads_are_charged_by_what_they_return(client_for: Callable[..., httpx.AsyncClient]) -> None:
+    client = client_for(**{env.QUOTA_BYTES_PER_SECOND: "1"})
+    assert (await client.post("/v1/conversations/c/entries", json=large_body(), headers=B)).status_code == 200
+    # The rest of the burst is spent on reads of what B stored, then B is refused; A is not.
+    statuses = [(await client.get("/v1/conversations/c/entries", headers=B)).status_code for _ in range(3)]
+    assert statuses == [200, 200, 429]
+    assert (await client.get("/v1/conversations/c/entries", headers=A)).status_code == 200
+
+
+async def test_an_export_is_paced_by_the_transfer_rate_and_streams_are_bounded() -> None:
+    now = [0.0]
+    limits = QuotaLimits(10, 10, 1000.0, 1000, bytes_per_second=1_000_000.0)
+    quotas = Quotas(DefaultLimits(limits), None, clock=lambda: now[0])
+    owner = Owner("team-a", "agent")
+    await quotas.admit("export", owner, "mem:team-a/agent:c")  # opens the agent's transfer bucket
+    await quotas.pace(owner, int(limits.bytes_burst))  # spends the burst: no wait yet
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await quotas.pace(owner, 100_000)  # 0.1 s of debt at 1 MB/s
+    assert loop.time() - started >= 0.09
+    with pytest.raises(RateLimited):
+        await quotas.admit("get", owner, "mem:team-a/agent:c")  # still in debt: the clock did not move
+    now[0] = 1.0
+    await quotas.admit("get", owner, "mem:team-a/agent:c")
+
+    ends = [quotas.open_stream(owner) for _ in range(2)]
+    with pytest.raises(RateLimited):
+        quotas.open_stream(owner)
+    quotas.open_stream(Owner("team-b", "other"))()  # other agents are not counted against it
+    ends[0]()
+    ends[0]()  # ending twice counts once
+    ends.append(quotas.open_stream(owner))
+    with pytest.raises(RateLimited):
+        quotas.open_stream(owner)
+
+
 def test_an_agent_deployment_overrides_the_defaults_field_by_field() -> None:
     defaults = QuotaLimits(max_conversations=100, max_bytes=1000, requests_per_second=200.0, burst=400)
     assert defaults.overridden(None) == defaults
     assert defaults.overridden({"maxConversations": 5}) == QuotaLimits(5, 1000, 200.0, 400)
     assert defaults.overridden({"maxBytes": 10, "requestsPerSecond": 3}) == QuotaLimits(100, 10, 3.0, 6)
+    assert defaults.overridden({"bytesPerSecond": 5}).bytes_per_second == 5.0
     # Nonsense in an object the proxy did not validate falls back to the defaults.
     assert defaults.overridden({"maxBytes": -1, "requestsPerSecond": "x", "maxConversations": True}) == defaults

@@ -114,11 +114,15 @@ QUOTA_CONVERSATIONS = "SESSIONMEM_QUOTA_CONVERSATIONS"
 QUOTA_BYTES = "SESSIONMEM_QUOTA_BYTES"
 QUOTA_REQUESTS_PER_SECOND = "SESSIONMEM_QUOTA_REQUESTS_PER_SECOND"
 QUOTA_BURST = "SESSIONMEM_QUOTA_BURST"
+# Bytes an agent moves through the proxy per second (bodies it sends, answers it reads; exports are paced
+# to it). The burst is twice the rate, and never less than two maximal bodies.
+QUOTA_BYTES_PER_SECOND = "SESSIONMEM_QUOTA_BYTES_PER_SECOND"
 
 DEFAULT_QUOTA_CONVERSATIONS = 10_000
 DEFAULT_QUOTA_BYTES = 256 * 1024 * 1024
 DEFAULT_QUOTA_REQUESTS_PER_SECOND = 200
 DEFAULT_QUOTA_BURST = 400
+DEFAULT_QUOTA_BYTES_PER_SECOND = 4 * 1024 * 1024
 
 # Standard OpenTelemetry variable: spans are exported by OTLP only when it is set.
 OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -274,6 +278,7 @@ class ProxySettings:
     quota_bytes: int = DEFAULT_QUOTA_BYTES
     quota_requests_per_second: float = float(DEFAULT_QUOTA_REQUESTS_PER_SECOND)
     quota_burst: int = DEFAULT_QUOTA_BURST
+    quota_bytes_per_second: int = DEFAULT_QUOTA_BYTES_PER_SECOND
     limits: ServingLimits = ServingLimits()
 
     @classmethod
@@ -304,5 +309,6 @@ class ProxySettings:
             quota_bytes=_int(env, QUOTA_BYTES, DEFAULT_QUOTA_BYTES, 1, 1 << 50),
             quota_requests_per_second=_float(env, QUOTA_REQUESTS_PER_SECOND, float(DEFAULT_QUOTA_REQUESTS_PER_SECOND)),
             quota_burst=_int(env, QUOTA_BURST, DEFAULT_QUOTA_BURST, 1, 1 << 30),
+            quota_bytes_per_second=_int(env, QUOTA_BYTES_PER_SECOND, DEFAULT_QUOTA_BYTES_PER_SECOND, 1, 1 << 50),
             limits=ServingLimits.from_env(env),
         )

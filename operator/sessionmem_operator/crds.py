@@ -154,6 +154,13 @@ def _quota_schema() -> Schema:
                 minimum=1,
                 format="int64",
             ),
+            "bytesPerSecond": integer(
+                "Sustained bytes per second this agent may move through the proxy: bodies it sends and "
+                "answers it reads; exports are paced to it (docs/quotas.md). Chart default: "
+                f"{env.DEFAULT_QUOTA_BYTES_PER_SECOND} ({env.DEFAULT_QUOTA_BYTES_PER_SECOND // (1024 * 1024)} MiB/s).",
+                minimum=1,
+                format="int64",
+            ),
         },
     )
 

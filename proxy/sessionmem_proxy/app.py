@@ -21,9 +21,10 @@ from sessionmem_core import api
 from sessionmem_core.capability import Keyring
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import InvalidRequest, Overloaded, SessionMemError
+from sessionmem_core.keys import Owner
 from sessionmem_infra.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_proxy.admin import AdminAuthorizer, DevAdminAuthorizer, KubeAdminAuthorizer
-from sessionmem_proxy.context import ProxyContext
+from sessionmem_proxy.context import ProxyContext, identify
 from sessionmem_proxy.identity import Authenticator, DevAuthenticator
 from sessionmem_proxy.keying import KeyResolver
 from sessionmem_proxy.kubeapi import KubeAPI
@@ -121,19 +122,40 @@ class ProxyApp:
         try:
             headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in raw_headers}
             values = parse(route.params, RawRequest(path_values, dict(api.parse_query(query)), headers))
-            body = None
-            if route.request is not None:
-                raw = await self.limits.read_body(receive, headers.get("content-length"))
+            if route.request is None:
+                return await route.handler(self.ctx, values, None)
+            uploader = await self._admit_upload(headers)
+            raw = await self.limits.read_body(receive, headers.get("content-length"))
+            try:
                 try:
                     body = route.request.model_validate_json(raw)
                 except ValidationError as exc:
                     raise InvalidRequest(_problems(exc)) from exc
-            return await route.handler(self.ctx, values, body)
+                return await route.handler(self.ctx, values, body)
+            finally:
+                if uploader is not None and self.ctx.quotas is not None:
+                    # Charged once served, so the body's own size never refuses it; the agent's next
+                    # request finds its bucket in debt if this one took more than was left.
+                    self.ctx.quotas.charge(uploader, len(raw))
         except SessionMemError as exc:
             return _typed(exc)
         except Exception as exc:
             _LOG.exception("unhandled error")
             return internal_error_reply(exc)
+
+    async def _admit_upload(self, headers: Mapping[str, str]) -> Owner | None:
+        """The agent's transfer quota, checked before its body is read: an agent whose bucket is in debt
+        is refused without the proxy reading or parsing what it sends. Returns the agent to charge; None
+        when the caller is not (yet) known as an agent, whose request then fails in the route's own order."""
+        quotas, authorization = self.ctx.quotas, headers.get("authorization")
+        if quotas is None or authorization is None:
+            return None
+        try:
+            owner = (await identify(self.ctx, authorization)).owner
+        except SessionMemError:
+            return None
+        await quotas.admit_upload(owner)
+        return owner
 
     def openapi(self) -> dict[str, Any]:
         from sessionmem_proxy.openapi import document
@@ -167,11 +189,18 @@ async def _send_stream(send: Send, reply: StreamReply, stall_timeout: float) -> 
     """Each chunk waits for the client to take the one before (granian's flow control); a client that
     takes nothing for ``stall_timeout`` is cut off (TimeoutError: the server aborts the connection), so
     a reader that never reads cannot hold its request slot forever."""
-    await send({"type": "http.response.start", "status": reply.status, "headers": list(reply.headers)})
-    async for chunk in reply.chunks:
-        async with asyncio.timeout(stall_timeout):
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    await send({"type": "http.response.body", "body": b""})
+    try:
+        await send({"type": "http.response.start", "status": reply.status, "headers": list(reply.headers)})
+        async for chunk in reply.chunks:
+            async with asyncio.timeout(stall_timeout):
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    finally:
+        aclose = getattr(reply.chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        if reply.on_close is not None:
+            reply.on_close()
 
 
 def create_app(

@@ -56,6 +56,8 @@ async def read_entries(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Rep
                 b"}",
             )
         )
+        if ctx.quotas is not None:
+            ctx.quotas.charge(op.identity.owner, len(body))
         return memory_reply(body, op.scope, len(result.raw_entries), result.version)
 
 

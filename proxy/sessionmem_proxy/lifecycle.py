@@ -109,9 +109,17 @@ async def export(ctx: ProxyContext, p: Params, _: BaseModel | None) -> StreamRep
     The first page is read before the answer starts, so a refused caller or an unreachable backend is
     still a typed error. Entries written while an export runs may or may not be in it (it is not a
     snapshot); a backend failure after the first page cuts the answer short (an incomplete chunked body)."""
+    quotas = ctx.quotas
     async with operation(ctx, "export", p) as op:
-        length, version, _ttl = await ctx.store.info(op.key)
-        first = await ctx.store.read_range(op.key, 0, EXPORT_FIRST_PAGE_ENTRIES - 1) if length else []
+        owner = op.identity.owner
+        end_stream = quotas.open_stream(owner) if quotas is not None else None
+        try:
+            length, version, _ttl = await ctx.store.info(op.key)
+            first = await ctx.store.read_range(op.key, 0, EXPORT_FIRST_PAGE_ENTRIES - 1) if length else []
+        except BaseException:
+            if end_stream is not None:
+                end_stream()
+            raise
         op.span.entries, op.span.version = length, version
         head = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[' % (
             orjson.dumps(p["conversation_id"]),
@@ -121,17 +129,25 @@ async def export(ctx: ProxyContext, p: Params, _: BaseModel | None) -> StreamRep
         key = op.key
 
     async def chunks() -> AsyncIterator[bytes]:
-        yield head + b",".join(first)
+        # Each page is charged to the agent's transfer rate, and the next is read only once the agent's
+        # bucket is out of debt: an export of any size is paced, never refused half-way.
+        chunk = head + b",".join(first)
         sent, page = len(first), first
-        while sent < length and page:
+        while True:
+            yield chunk
+            if quotas is not None:
+                await quotas.pace(owner, len(chunk))
+            if sent >= length or not page:
+                break
             size = max(1, min(EXPORT_MAX_PAGE_ENTRIES, EXPORT_PAGE_BYTES // max(map(len, page))))
             page = await ctx.store.read_range(key, sent, min(sent + size, length) - 1)
-            if page:
-                yield b"," + b",".join(page)
-                sent += len(page)
+            if not page:
+                break
+            chunk = b"," + b",".join(page)
+            sent += len(page)
         yield b"]}"
 
-    return StreamReply(200, memory_headers(op.scope, length, version), chunks())
+    return StreamReply(200, memory_headers(op.scope, length, version), chunks(), on_close=end_stream)
 
 
 async def _conversations_under(

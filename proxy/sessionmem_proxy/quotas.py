@@ -1,4 +1,5 @@
-"""Per-agent quotas: stored conversations and bytes (507 when full), and a request rate (429).
+"""Per-agent quotas: stored conversations and bytes (507 when full), a request rate and a transfer rate
+(429).
 
 Limits are the chart's defaults (``SESSIONMEM_QUOTA_*``), overridden per agent by its AgentDeployment's
 ``spec.sessionMemory.quota`` {maxConversations, maxBytes, requestsPerSecond}, read from the API server and
@@ -17,6 +18,13 @@ What is exact and what is approximate (docs/quotas.md):
   stop counting when their TTL passes.
 - The rate is a token bucket per agent in each proxy worker process: with N workers (or replicas) an agent
   gets up to N times its rate in total. Every operation costs one token.
+- The transfer rate is a second bucket per agent and worker, counted in bytes: an agent whose bucket is
+  in debt is refused before its body is read (the proxy neither reads nor parses what it sends); a body
+  is charged by its size once served, an answer by its size once built, an export page by page, each page waiting
+  for the bucket (an export is paced, not refused). An agent whose bucket is in debt is refused until it
+  is not. At most ``STREAMS_PER_AGENT`` exports of an agent run at once in a worker. Without it, one
+  tenant exporting huge conversations in a loop takes the proxy's CPU from every other
+  (docs/benchmarks.md, noisy neighbour).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
-from sessionmem_core import kube
+from sessionmem_core import env, kube
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import RateLimited
 from sessionmem_core.keys import Owner
@@ -41,6 +49,7 @@ from sessionmem_proxy.store import WRITE_LIMITS, StorageLimits, UsageLedger, ref
 # Operations that store something, and so are checked against the storage quota.
 WRITES = frozenset({"append", "replace"})
 _REMEMBERED = 10_000
+STREAMS_PER_AGENT = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +62,7 @@ class QuotaLimits:
     requests_per_second: float
     burst: int
     per_user: bool | None = False
+    bytes_per_second: float = float(env.DEFAULT_QUOTA_BYTES_PER_SECOND)
 
     @classmethod
     def defaults(cls, settings: ProxySettings) -> QuotaLimits:
@@ -61,7 +71,13 @@ class QuotaLimits:
             max_bytes=settings.quota_bytes,
             requests_per_second=settings.quota_requests_per_second,
             burst=settings.quota_burst,
+            bytes_per_second=float(settings.quota_bytes_per_second),
         )
+
+    @property
+    def bytes_burst(self) -> float:
+        """Twice the transfer rate, and never less than two maximal bodies: a slow agent can still send one."""
+        return max(2.0 * self.bytes_per_second, 2.0 * env.MAX_BODY_BYTES)
 
     def overridden(self, quota: Any, per_user: bool = False) -> QuotaLimits:
         """These limits with an AgentDeployment's ``spec.sessionMemory.quota`` applied; a custom rate brings
@@ -75,6 +91,7 @@ class QuotaLimits:
             requests_per_second=rate,
             burst=self.burst if rate == self.requests_per_second else max(1, math.ceil(2 * rate)),
             per_user=per_user,
+            bytes_per_second=_positive(quota.get("bytesPerSecond"), self.bytes_per_second),
         )
 
 
@@ -175,6 +192,8 @@ class Quotas:
         self._ledger = ledger
         self._clock = clock
         self._buckets: dict[Owner, _Bucket] = {}
+        self._transfers: dict[Owner, _Bucket] = {}
+        self._streams: dict[Owner, int] = {}
 
     async def policy_of(self, owner: Owner) -> QuotaLimits:
         return await self._limits.limits_of(owner)
@@ -182,8 +201,71 @@ class Quotas:
     async def admit(self, op: str, owner: Owner, key: str) -> None:
         limits = await self._limits.limits_of(owner)
         self._take_token(owner, limits)
+        self._check_transfer(owner, limits)
         if op in WRITES and self._ledger is not None:
             await self._check_storage(limits, key)
+
+    async def admit_upload(self, owner: Owner) -> None:
+        """Before a body is read: refused (429) while the agent's transfer bucket is in debt."""
+        self._check_transfer(owner, await self._limits.limits_of(owner))
+
+    def charge(self, owner: Owner, size: int) -> None:
+        """Bytes moved for the agent: its bucket may go into debt, which refuses its next requests."""
+        bucket = self._transfers.get(owner)
+        if bucket is not None:
+            bucket.tokens -= size
+
+    async def pace(self, owner: Owner, size: int) -> None:
+        """Charge one page of a stream, then wait until the agent's bucket is out of debt."""
+        bucket = self._transfers.get(owner)
+        if bucket is None:
+            return
+        limits = await self._limits.limits_of(owner)
+        bucket.tokens -= size
+        self._refill(bucket, limits.bytes_per_second, limits.bytes_burst)
+        if bucket.tokens < 0:
+            await asyncio.sleep(-bucket.tokens / limits.bytes_per_second)
+
+    def open_stream(self, owner: Owner) -> Callable[[], None]:
+        """Count one of the agent's concurrent streams (exports) in this worker, 429 past
+        ``STREAMS_PER_AGENT``; the stream ends when the returned function is called (again: no effect)."""
+        running = self._streams.get(owner, 0)
+        if running >= STREAMS_PER_AGENT:
+            raise RateLimited(f"{owner.author} already runs {running} exports in this proxy worker; retry")
+        self._streams[owner] = running + 1
+        ended = False
+
+        def end() -> None:
+            nonlocal ended
+            if ended:
+                return
+            ended = True
+            left = self._streams[owner] - 1
+            if left:
+                self._streams[owner] = left
+            else:
+                del self._streams[owner]
+
+        return end
+
+    def _check_transfer(self, owner: Owner, limits: QuotaLimits) -> None:
+        bucket = self._transfers.get(owner)
+        if bucket is None:
+            if len(self._transfers) >= _REMEMBERED:
+                self._transfers.clear()
+            bucket = self._transfers[owner] = _Bucket(limits.bytes_burst, self._clock())
+            return
+        self._refill(bucket, limits.bytes_per_second, limits.bytes_burst)
+        if bucket.tokens < 0:
+            wait = -bucket.tokens / limits.bytes_per_second
+            raise RateLimited(
+                f"{owner.author} is over its transfer rate of {limits.bytes_per_second:g} bytes/s", math.ceil(wait)
+            )
+
+    def _refill(self, bucket: _Bucket, rate: float, burst: float) -> None:
+        now = self._clock()
+        bucket.tokens = min(burst, bucket.tokens + (now - bucket.at) * rate)
+        bucket.at = now
 
     def _take_token(self, owner: Owner, limits: QuotaLimits) -> None:
         now = self._clock()

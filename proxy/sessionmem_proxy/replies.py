@@ -3,7 +3,7 @@ sent in chunks as it is read), made here; typed errors become their status and t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel
@@ -31,6 +31,8 @@ class StreamReply:
     status: int
     headers: Headers
     chunks: AsyncIterator[bytes]
+    # Called once the stream has ended, however it ended (sent whole, failed, or the client went away).
+    on_close: Callable[[], None] | None = None
 
 
 def memory_headers(scope: str, entries: int, version: int | None) -> list[tuple[bytes, bytes]]:

@@ -21,7 +21,7 @@ Isolation, so that one tenant's slow command never fails another's request:
   connections are open per kind, so a command finding them all full fails at once (ConnectionError:
   the caller answers 503) instead of queueing without end.
 
-Nothing is retried except a script the server does not know (NOSCRIPT: sent again in full, as EVAL).
+Nothing is retried except a script the server does not know (NOSCRIPT: loaded, then run again).
 """
 
 from __future__ import annotations
@@ -304,7 +304,8 @@ class _Lane:
 
 
 class Script:
-    """A Lua script run by its digest (EVALSHA), sent in full once when the server does not have it."""
+    """A Lua script run by its digest (EVALSHA); loaded (SCRIPT LOAD) and run again when the server does
+    not have it (a restarted or promoted server). EVAL is never sent: the chart's ACL does not allow it."""
 
     def __init__(self, client: PipelinedValkey, text: str) -> None:
         self._client = client
@@ -314,10 +315,12 @@ class Script:
         self.writes = not (first_line.startswith("#!lua") and "no-writes" in first_line)
 
     async def __call__(self, keys: Sequence[Arg] = (), args: Sequence[Arg] = ()) -> Any:
+        command = ("EVALSHA", self.sha, len(keys), *keys, *args)
         try:
-            return await self._client.execute(("EVALSHA", self.sha, len(keys), *keys, *args), writes=self.writes)
+            return await self._client.execute(command, writes=self.writes)
         except NoScriptError:
-            return await self._client.execute(("EVAL", self._text, len(keys), *keys, *args), writes=self.writes)
+            await self._client.execute(("SCRIPT", "LOAD", self._text), writes=self.writes)
+            return await self._client.execute(command, writes=self.writes)
 
 
 class PipelinedValkey:

@@ -52,6 +52,7 @@ def proxy_process(valkey_url: str, port: int | None = None, **extra: str) -> Ser
             # Load tests drive one agent far past a tenant's default rate; tests/test_quotas.py covers it.
             env.QUOTA_REQUESTS_PER_SECOND: "1000000",
             env.QUOTA_BURST: "1000000",
+            env.QUOTA_BYTES_PER_SECOND: str(1 << 40),
             **extra,
         },
         port,
