@@ -14,6 +14,7 @@ permission 403, an API server that cannot be asked 503.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -73,6 +74,9 @@ class KubeAdminAuthorizer:
         self._http = http
         self._api = api
         self._agent_audience = agent_audience
+        # The administrators' TokenReviews by result (authenticated, rejected; unavailable counts any API
+        # call that failed, SubjectAccessReviews included): the proxy's /metrics.
+        self.reviews: Counter[str] = Counter()
 
     async def authorize(
         self, bearer_token: str | None, verb: str, namespace: str, agent: str | None, resource: str = kube.AGENT_PLURAL
@@ -80,6 +84,7 @@ class KubeAdminAuthorizer:
         if not bearer_token:
             raise Unauthenticated("missing bearer token")
         status = await self._token_review(bearer_token, None)
+        self.reviews["authenticated" if status.get("authenticated") else "rejected"] += 1
         if not status.get("authenticated"):
             # An agent's projected token is only valid under the proxy's audience: say plainly that agents
             # are not administrators instead of calling their valid token unknown.
@@ -109,8 +114,10 @@ class KubeAdminAuthorizer:
                 headers={"Authorization": f"Bearer {self._api.bearer()}", "Content-Type": "application/json"},
             )
         except (httpx.HTTPError, OSError) as exc:
+            self.reviews["unavailable"] += 1
             raise AuthUnavailable(f"API server unavailable: {type(exc).__name__}") from exc
         if response.status_code not in (200, 201):
+            self.reviews["unavailable"] += 1
             raise AuthUnavailable(f"API server answered HTTP {response.status_code} to {path.rsplit('/', 1)[-1]}")
         status: dict[str, Any] = orjson.loads(response.content).get("status") or {}
         return status

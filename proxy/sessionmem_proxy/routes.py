@@ -20,6 +20,7 @@ from sessionmem_proxy import admin, hot, lifecycle, params
 from sessionmem_proxy.context import ProxyContext
 from sessionmem_proxy.params import Param
 from sessionmem_proxy.replies import Reply, StreamReply, json_reply, text_reply
+from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
 
 Handler = Callable[[ProxyContext, dict[str, Any], BaseModel | None], Awaitable[Reply | StreamReply]]
 
@@ -69,7 +70,12 @@ async def _readyz(ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -
 
 
 async def _metrics(ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
-    return text_reply(ctx.metrics.render().encode(), b"text/plain; version=0.0.4")
+    reviews: dict[str, Mapping[str, int]] = {}
+    if isinstance(ctx.authenticator, TokenReviewAuthenticator):
+        reviews["agent"] = ctx.authenticator.reviews
+    if isinstance(ctx.admin, admin.KubeAdminAuthorizer):
+        reviews["admin"] = ctx.admin.reviews
+    return text_reply(ctx.metrics.render(reviews).encode(), b"text/plain; version=0.0.4")
 
 
 async def _openapi(_ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
