@@ -113,7 +113,7 @@ class MemoryWorld:
         argv = [*args, "-n", self.namespace, "--kubeconfig", str(self.kubeconfigs[person])]
         code = run([*argv, "--proxy-url", self.proxy.base_url], stdout=out, stderr=err)
         out.flush()
-        raw = out.buffer.getvalue()  # type: ignore[attr-defined]
+        raw = out.buffer.getvalue()
         return Result(code, raw.decode(), err.getvalue(), raw)
 
 
