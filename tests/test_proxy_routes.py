@@ -85,6 +85,7 @@ CALLS: dict[str, list[Call]] = {
     "admin_export": [
         ("GET", f"{_AGENT_ADMIN}/export", None, ADMIN),
         ("GET", f"{_AGENT_ADMIN}/export?conversation=c1", None, ADMIN),
+        ("GET", f"{_AGENT_ADMIN}/export?conversation=never", None, ADMIN),
         ("GET", f"{_AGENT_ADMIN}/export", None, AUTH),
     ],
     "admin_stats": [

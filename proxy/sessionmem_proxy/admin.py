@@ -13,18 +13,27 @@ permission 403, an API server that cannot be asked 503.
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import httpx
 import orjson
 from pydantic import BaseModel
 
 from sessionmem_core import api, kube, wire
-from sessionmem_core.errors import AuthUnavailable, Forbidden, InvalidRequest, NotFound, Unauthenticated
+from sessionmem_core.errors import (
+    AuthUnavailable,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    SessionMemError,
+    Unauthenticated,
+)
 from sessionmem_core.ids import validate_conversation_id
 from sessionmem_core.keys import Owner, conversation_of, per_user_prefix, session_prefix, shared_prefix
 from sessionmem_proxy.identity import bearer_token
@@ -150,6 +159,33 @@ class KubeAdminAuthorizer:
         return bool(status.get("allowed")) and not status.get("denied")
 
 
+_Answer = TypeVar("_Answer", Reply, StreamReply)
+_Handler = Callable[["ProxyContext", dict[str, Any], BaseModel | None], Awaitable[_Answer]]
+
+
+def observed(op: str) -> Callable[[_Handler[_Answer]], _Handler[_Answer]]:
+    """Counts an administrator's operation in the proxy's metrics (``op``, and ``ok`` or its typed error),
+    as the agents' operations are counted; a streamed answer is counted once it starts."""
+
+    def wrap(handler: _Handler[_Answer]) -> _Handler[_Answer]:
+        @functools.wraps(handler)
+        async def counted(ctx: ProxyContext, p: dict[str, Any], body: BaseModel | None) -> _Answer:
+            started, outcome = time.perf_counter(), "internal"
+            try:
+                answer = await handler(ctx, p, body)
+                outcome = "ok"
+                return answer
+            except SessionMemError as exc:
+                outcome = exc.error_type
+                raise
+            finally:
+                ctx.metrics.observe(op, outcome, (time.perf_counter() - started) * 1000.0)
+
+        return counted
+
+    return wrap
+
+
 class DevAdminAuthorizer:
     """The explicit dev auth mode's administrator: ``dev-admin:<name>`` may do everything, nothing else
     may. Off unless the proxy runs with SESSIONMEM_AUTH_MODE=dev, which the chart never sets."""
@@ -164,6 +200,7 @@ class DevAdminAuthorizer:
         return Administrator(username=bearer_token[len(DEV_ADMIN_PREFIX) :])
 
 
+@observed("admin_erase_agent")
 async def erase_agent_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
     """Every conversation of one agent, its users' buckets included: for a person allowed to delete the
     memory of that AgentDeployment."""
@@ -171,6 +208,7 @@ async def erase_agent_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel 
     return await _erase(ctx, p, session_prefix(owner), owner.namespace, owner.agent, kube.AGENT_PLURAL)
 
 
+@observed("admin_erase_user")
 async def erase_user_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
     """One end user's conversations with one agent (their bucket), for a person allowed to delete the
     memory of that AgentDeployment. The bucket is derived as the proxy derives it for the user's turns."""
@@ -179,6 +217,7 @@ async def erase_user_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel |
     return await _erase(ctx, p, prefix, owner.namespace, owner.agent, kube.AGENT_PLURAL, user=p["user"])
 
 
+@observed("admin_erase_user_everywhere")
 async def erase_user_everywhere(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
     """One end user's conversations with every agent of a namespace, for a person allowed to delete the
     memory of all the namespace's AgentDeployments. The user's buckets are found by the agents that keep
@@ -219,6 +258,7 @@ async def erase_user_everywhere(ctx: ProxyContext, p: dict[str, Any], _: BaseMod
     )
 
 
+@observed("admin_erase_registry")
 async def erase_registry_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
     """Every shared conversation of one AgentRegistry's team: its members append and read them, but
     replacing or erasing them is a person's act (delete on agentregistries/memory, cluster-scoped)."""
@@ -305,6 +345,7 @@ def _timestamp(raw: list[bytes]) -> int | None:
     return int(ts) if isinstance(ts, int) else None
 
 
+@observed("admin_conversations")
 async def list_agent_conversations(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
     """One page of an agent's conversations (its users' buckets included, unless one user is named), each
     with its size, version, remaining TTL and last write."""
@@ -321,7 +362,7 @@ async def list_agent_conversations(ctx: ProxyContext, p: dict[str, Any], _: Base
             if cursor == 0 or len(found) >= p["limit"]:
                 break
         conversations: list[wire.AdminConversation] = []
-        for key in sorted(found):
+        for key in sorted(set(found)):
             parsed = conversation_of(agent_prefix, key)
             if parsed is None:
                 continue
@@ -351,6 +392,7 @@ async def list_agent_conversations(ctx: ProxyContext, p: dict[str, Any], _: Base
     )
 
 
+@observed("admin_show")
 async def show_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
     """The newest ``last`` entries of one conversation, oldest first, with their authors and times."""
     owner, prefix, _admin = await _authorized_space(ctx, p, READ)
@@ -376,6 +418,7 @@ async def show_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel |
     )
 
 
+@observed("admin_export")
 async def export_agent_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> StreamReply:
     """JSON lines, one per entry (``conversationId`` and ``bucket`` added to the stored entry), oldest
     first within a conversation: one conversation, one user's, or all of the agent's.
@@ -389,13 +432,19 @@ async def export_agent_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel
     with ctx.tracer.span("admin_export", one or "", p["traceparent"]):
         if one is not None:
             first_keys, cursor = [_conversation_key(prefix, one)], 0
+            if not (await ctx.store.info(first_keys[0]))[0]:
+                raise NotFound(f"{owner.author} has no conversation {one!r} there")
         else:
             cursor, first_keys = await ctx.store.scan(prefix + "*", 0, _SCAN_BATCH)
 
     async def lines() -> AsyncIterator[bytes]:
         keys, next_cursor = first_keys, cursor
+        # SCAN may return a key twice (when Valkey rehashes meanwhile): each conversation is exported once.
+        # The keys are remembered, not their entries: a few bytes each, at most the agent's quota of them.
+        exported: set[str] = set()
         while True:
-            for key in sorted(keys):
+            for key in sorted(set(keys) - exported):
+                exported.add(key)
                 parsed = conversation_of(agent_prefix, key)
                 if parsed is not None:
                     async for chunk in _export_lines(ctx, key, parsed):
@@ -422,6 +471,7 @@ async def _export_lines(ctx: ProxyContext, key: str, parsed: tuple[str | None, s
         size = max(1, min(EXPORT_MAX_PAGE_ENTRIES, EXPORT_PAGE_BYTES // max(map(len, page))))
 
 
+@observed("admin_stats")
 async def agent_memory_stats(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
     """Conversations and bytes against the agent's quotas (the storage accounting's figures), and the oldest
     and newest writes among at most STATS_EXAMINED_CONVERSATIONS of its conversations."""
@@ -465,6 +515,7 @@ async def agent_memory_stats(ctx: ProxyContext, p: dict[str, Any], _: BaseModel 
     )
 
 
+@observed("admin_erase_conversation")
 async def erase_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
     """One conversation of an agent (in a user's bucket, when one is named): delete on the memory."""
     owner, prefix, admin = await _authorized_space(ctx, p, ERASE)

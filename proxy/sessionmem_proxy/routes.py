@@ -316,7 +316,7 @@ ROUTES: tuple[Route, ...] = (
         (*_ADMIN_SPACE, _ADMIN_CONVERSATION),
         admin.export_agent_memory,
         None,
-        CALLER_STATUSES,
+        CALLER_STATUSES | {404},
         "Export an agent's memory as JSON lines, streamed (RBAC: get agentdeployments/memory)",
         "administration",
         content_type=api.NDJSON,

@@ -77,3 +77,5 @@ def test_every_metric_the_dashboard_and_alerts_query_is_exported_by_the_real_pro
     assert not missing, f"queried but not exported: {sorted(missing)}; exported: {sorted(exported)}"
     assert 'sessionmem_proxy_token_reviews_total{kind="admin",result="authenticated"}' in text
     assert 'sessionmem_proxy_token_reviews_total{kind="agent",result="rejected"}' in text
+    # An administrator's operations are counted like the agents', so the dashboard's panels show them.
+    assert 'sessionmem_proxy_requests_total{op="admin_conversations",outcome="ok"} 1' in text
