@@ -78,11 +78,30 @@ def denial(admin: Administrator, verb: str, namespace: str, name: str | None, re
     return Forbidden(f"user {admin.username!r} cannot {verb} {target}{where}")
 
 
+# Administrators' calls are a person's, at a person's pace: each costs the API server up to three reviews
+# (nothing is cached, so a revoked permission stops at once), so all of them together may start at most
+# ADMIN_CALLS_PER_SECOND (a burst of ADMIN_CALL_BURST); beyond it a caller gets 503 auth_unavailable and
+# the API server is not asked. A flood of garbage tokens on the admin routes costs it no more than that.
+ADMIN_CALLS_PER_SECOND = 10.0
+ADMIN_CALL_BURST = 20
+
+
 class KubeAdminAuthorizer:
-    def __init__(self, http: httpx.AsyncClient, api: KubeAPI, agent_audience: str) -> None:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        api: KubeAPI,
+        agent_audience: str,
+        *,
+        calls_per_second: float = ADMIN_CALLS_PER_SECOND,
+        call_burst: int = ADMIN_CALL_BURST,
+    ) -> None:
         self._http = http
         self._api = api
         self._agent_audience = agent_audience
+        self._calls_per_second = calls_per_second
+        self._call_burst = float(call_burst)
+        self._budget, self._budget_at = float(call_burst), time.monotonic()
         # The administrators' TokenReviews by result (authenticated, rejected; unavailable counts any API
         # call that failed, SubjectAccessReviews included): the proxy's /metrics.
         self.reviews: Counter[str] = Counter()
@@ -92,6 +111,7 @@ class KubeAdminAuthorizer:
     ) -> Administrator:
         if not bearer_token:
             raise Unauthenticated("missing bearer token")
+        self._spend()
         status = await self._token_review(bearer_token, None)
         self.reviews["authenticated" if status.get("authenticated") else "rejected"] += 1
         if not status.get("authenticated"):
@@ -114,6 +134,14 @@ class KubeAdminAuthorizer:
         if not await self._allowed(admin, verb, namespace, agent, resource):
             raise denial(admin, verb, namespace, agent, resource)
         return admin
+
+    def _spend(self) -> None:
+        now = time.monotonic()
+        self._budget = min(self._call_burst, self._budget + (now - self._budget_at) * self._calls_per_second)
+        self._budget_at = now
+        if self._budget < 1.0:
+            raise AuthUnavailable("too many administration calls: identity checks are rate limited, retry shortly")
+        self._budget -= 1.0
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:

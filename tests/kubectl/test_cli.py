@@ -44,6 +44,13 @@ def test_the_port_forward_uses_the_callers_kubeconfig_and_reads_the_local_port()
     assert proxy.forwarded_port("Forwarding from [::1]:41234 -> 8000") is None
 
 
+def test_a_token_sent_in_the_clear_over_a_network_is_warned_about() -> None:
+    assert proxy.plain_http_warning("http://127.0.0.1:8000") is None
+    assert proxy.plain_http_warning("https://proxy.example:8443") is None
+    warning = proxy.plain_http_warning("http://sessionmem-proxy.sessionmem.svc:8000")
+    assert warning and "sessionmem-proxy.sessionmem.svc" in warning
+
+
 def test_a_transcript_reads_oldest_first_with_author_and_time() -> None:
     at = 1_767_225_600_000
     transcript = wire.Transcript(

@@ -36,6 +36,13 @@ def test_status_shows_the_agents_memory_wiring_and_usage_against_its_quota(world
     assert table.code == 0 and AGENT in table.out and f"{STORED}/{stats['quotaConversations']}" in table.out
 
 
+def test_status_of_every_namespace_passes_on_the_api_servers_refusal(world: MemoryWorld) -> None:
+    done = world.kubectl(BOB, "status", "-A")
+    assert done.code == 1
+    assert done.err.startswith("Forbidden: agentdeployments.agents.ctxmesh.ai is forbidden: User")
+    assert "cluster scope" in done.err
+
+
 def test_conversations_lists_every_conversation_with_its_bucket(world: MemoryWorld) -> None:
     done = world.kubectl(BOB, "conversations", AGENT, "-o", "yaml")
     assert done.code == 0, done.err

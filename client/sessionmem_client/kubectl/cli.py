@@ -108,6 +108,9 @@ async def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
 async def _admin(args: argparse.Namespace, access: KubeAccess) -> AsyncIterator[proxy.AdminClient]:
     token = access.require_bearer_token()
     if args.proxy_url:
+        warning = proxy.plain_http_warning(args.proxy_url)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
         async with proxy.AdminClient(args.proxy_url, token, args.request_timeout) as client:
             yield client
         return

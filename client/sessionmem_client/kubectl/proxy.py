@@ -136,6 +136,18 @@ def _space(user: str | None, bucket: str | None) -> dict[str, str]:
     return {}
 
 
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def plain_http_warning(url: str) -> str | None:
+    """Your Kubernetes token goes to the proxy in the Authorization header: say so when that is in the clear
+    over a network (a port-forward's loopback, or HTTPS, is not)."""
+    parsed = httpx.URL(url)
+    if parsed.scheme == "http" and parsed.host not in _LOOPBACK:
+        return f"your Kubernetes token is sent to {parsed.host} over plain HTTP"
+    return None
+
+
 def forwarded_port(line: str) -> int | None:
     """The local port of a ``kubectl port-forward`` line (``Forwarding from 127.0.0.1:41234 -> 8000``)."""
     match = _FORWARDING.search(line)
