@@ -10,6 +10,7 @@ from pathlib import Path
 from sessionmem_client.kubectl import completion, proxy
 from sessionmem_client.kubectl.cli import render_receipt, render_transcript
 from sessionmem_core import wire
+from sessionmem_core.keys import Owner, conversation_of, per_user_key, session_key, session_prefix, usage_keys
 
 
 def test_completion_offers_commands_flags_and_output_formats() -> None:
@@ -67,3 +68,16 @@ def test_a_transcript_reads_oldest_first_with_author_and_time() -> None:
 def test_a_receipt_names_who_erased_what() -> None:
     receipt = wire.ErasureReceipt(namespace="n", agent="a", keys=["mem:n/a:c"], entries=2, erasedBy="alice")
     assert render_receipt(receipt) == "Erased by alice: n/a\n1 conversation keys, 2 entries removed\n  mem:n/a:c\n"
+
+
+def test_an_agents_keys_parse_back_into_bucket_and_conversation() -> None:
+    owner = Owner("team", "agent")
+    prefix = session_prefix(owner)
+    bucket = "0123456789abcdef0123456789abcdef"
+    assert conversation_of(prefix, session_key(owner, "c-1")) == (None, "c-1")
+    assert conversation_of(prefix, per_user_key(owner, bucket, "u")) == (bucket, "u")
+    # Not this agent's conversations: another agent, a shared key, the usage accounting, a bad layout.
+    assert conversation_of(prefix, session_key(Owner("team", "agent-2"), "c")) is None
+    assert conversation_of(prefix, "mem:shared:reg:c") is None
+    assert conversation_of(prefix, usage_keys("team/agent")[0]) is None
+    assert conversation_of(prefix, prefix + "u:nothex:c") is None
