@@ -64,3 +64,17 @@ def test_every_module_the_client_imports_ships_in_the_wheel(wheel: Path, tmp_pat
         [sys.executable, "-I", "-c", probe, str(target)], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_the_client_wheel_installs_the_kubectl_plugin_with_its_own_extra(wheel: Path) -> None:
+    """kubectl finds ``kubectl-sessionmem`` (and its completion) on PATH; what it needs of Kubernetes is an
+    extra, so an agent installing the client gets none of it."""
+    with zipfile.ZipFile(wheel) as archive:
+        (entry_points,) = [n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")]
+        scripts = archive.read(entry_points).decode()
+        (metadata_name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = email.message_from_bytes(archive.read(metadata_name))
+    assert "kubectl-sessionmem = sessionmem_client.kubectl:main" in scripts
+    assert "kubectl_complete-sessionmem = sessionmem_client.kubectl:complete" in scripts
+    kubectl_extra = [r for r in metadata.get_all("Requires-Dist") or [] if "extra == 'kubectl'" in r.replace('"', "'")]
+    assert any(r.startswith("kubernetes-asyncio") for r in kubectl_extra), kubectl_extra

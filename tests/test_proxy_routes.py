@@ -28,6 +28,7 @@ ADMIN = {"Authorization": "Bearer dev-admin:alice"}
 CAPABILITY_KEY = new_key()
 ALICE = mint_capability(CAPABILITY_KEY, "alice", Owner("team-a", "support-agent"), 600)
 EXCHANGE = {"entries": [{"role": "user", "content": "hello", "id": "m1"}]}
+_AGENT_ADMIN = "/v1/admin/namespaces/team-a/agents/support-agent"
 
 # Per operation: requests that succeed and requests that are refused, as (method, path, body, headers).
 Call = tuple[str, str, Any, dict[str, str]]
@@ -68,6 +69,32 @@ CALLS: dict[str, list[Call]] = {
     "clear": [
         ("DELETE", "/v1/conversations?confirm=true", None, AUTH),
         ("DELETE", "/v1/conversations", None, AUTH),
+    ],
+    "admin_conversations": [
+        ("GET", f"{_AGENT_ADMIN}/conversations?limit=10", None, ADMIN),
+        ("GET", f"{_AGENT_ADMIN}/conversations?user=alice", None, ADMIN),
+        ("GET", f"{_AGENT_ADMIN}/conversations?bucket=xyz", None, ADMIN),
+        ("GET", f"{_AGENT_ADMIN}/conversations", None, AUTH),
+    ],
+    "admin_show": [
+        ("GET", f"{_AGENT_ADMIN}/conversations/c1?last=5", None, ADMIN),
+        ("GET", f"{_AGENT_ADMIN}/conversations/never", None, ADMIN),
+        ("GET", f"{_AGENT_ADMIN}/conversations/a%3Ab", None, ADMIN),
+        ("GET", f"{_AGENT_ADMIN}/conversations/c1", None, {}),
+    ],
+    "admin_export": [
+        ("GET", f"{_AGENT_ADMIN}/export", None, ADMIN),
+        ("GET", f"{_AGENT_ADMIN}/export?conversation=c1", None, ADMIN),
+        ("GET", f"{_AGENT_ADMIN}/export?conversation=never", None, ADMIN),
+        ("GET", f"{_AGENT_ADMIN}/export", None, AUTH),
+    ],
+    "admin_stats": [
+        ("GET", f"{_AGENT_ADMIN}/stats", None, ADMIN),
+        ("GET", f"{_AGENT_ADMIN}/stats", None, {"Authorization": "Bearer dev-admin:"}),
+    ],
+    "admin_erase_conversation": [
+        ("DELETE", f"{_AGENT_ADMIN}/conversations/c1", None, ADMIN),
+        ("DELETE", f"{_AGENT_ADMIN}/conversations/c1", None, AUTH),
     ],
     "admin_erase_agent": [
         ("DELETE", "/v1/admin/namespaces/team-a/agents/support-agent/memory", None, ADMIN),

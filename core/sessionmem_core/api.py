@@ -125,6 +125,19 @@ ADMIN_AGENT_MEMORY_PATH = f"{API_PREFIX}/admin/namespaces/{{namespace}}/agents/{
 ADMIN_NAMESPACE_USER_MEMORY_PATH = f"{API_PREFIX}/admin/namespaces/{{namespace}}/users/{{user}}/memory"
 ADMIN_REGISTRY_MEMORY_PATH = f"{API_PREFIX}/admin/registries/{{registry}}/memory"
 ADMIN_USER_MEMORY_PATH = f"{API_PREFIX}/admin/namespaces/{{namespace}}/agents/{{agent}}/users/{{user}}/memory"
+# Reading an agent's memory (kubectl sessionmem): RBAC get/list on agentdeployments/memory; erasing one
+# conversation: delete. ``user`` (or ``bucket``) as a query parameter selects an end user's bucket.
+ADMIN_AGENT_PATH = f"{API_PREFIX}/admin/namespaces/{{namespace}}/agents/{{agent}}"
+ADMIN_CONVERSATIONS_PATH = f"{ADMIN_AGENT_PATH}/conversations"
+ADMIN_CONVERSATION_PATH = f"{ADMIN_AGENT_PATH}/conversations/{{conversationId}}"
+ADMIN_EXPORT_PATH = f"{ADMIN_AGENT_PATH}/export"
+ADMIN_STATS_PATH = f"{ADMIN_AGENT_PATH}/stats"
+ADMIN_USER_QUERY = "user"
+ADMIN_BUCKET_QUERY = "bucket"
+ADMIN_CONVERSATION_QUERY = "conversation"
+ADMIN_LAST_QUERY = "last"
+# The admin export's body: one JSON object per line (an entry, with its conversation id and bucket).
+NDJSON = "application/x-ndjson"
 
 
 _CONVERSATIONS = f"{API_PREFIX}/conversations/"

@@ -90,6 +90,13 @@ OPERATOR_TOKEN_EXPIRATION_SECONDS = "SESSIONMEM_OPERATOR_TOKEN_EXPIRATION_SECOND
 OPERATOR_NAMESPACE = "SESSIONMEM_OPERATOR_NAMESPACE"
 OPERATOR_CONFIG_FILE = "SESSIONMEM_OPERATOR_CONFIG_FILE"  # optional YAML file; the variables above override it
 
+# --- kubectl sessionmem (a person's workstation, or a pod running it) ---
+# The proxy's URL, when it is reachable directly (in-cluster, tests); unset: a port-forward to its Service.
+KUBECTL_PROXY_URL = "SESSIONMEM_KUBECTL_PROXY_URL"
+# Where the chart put the proxy's Service (its release namespace, and <release>-proxy), by default.
+DEFAULT_KUBECTL_PROXY_NAMESPACE = "sessionmem"
+DEFAULT_KUBECTL_PROXY_SERVICE = "sessionmem-proxy"
+
 # --- serving limits, the proxy's and the launcher's (docs/limits.md); the chart writes the proxy's ---
 MAX_HEADER_BYTES = "SESSIONMEM_MAX_HEADER_BYTES"  # whole request head (request line + headers): 431
 MAX_HEADER_COUNT = "SESSIONMEM_MAX_HEADER_COUNT"  # 431

@@ -105,6 +105,19 @@ _LAYOUTS = (
 )
 
 
+def conversation_of(agent_prefix: str, key: str) -> tuple[str | None, str] | None:
+    """(user bucket or None, conversation id) of a key found under an agent's ``session_prefix``; None
+    for a key that is not one of that agent's conversations (what an administrator's listing shows)."""
+    if not key.startswith(agent_prefix):
+        return None
+    for layout in (_LAYOUTS[0], _LAYOUTS[2]):
+        match = layout.match(key)
+        if match is not None and session_prefix(Owner(match["namespace"], match["agent"])) == agent_prefix:
+            groups = match.groupdict()
+            return groups.get("bucket"), match["cid"]
+    return None
+
+
 def matches_layout(key: str) -> bool:
     """True when ``key`` is one of the three layouts above or a usage key (used to audit a Valkey keyspace)."""
     return any(layout.match(key) for layout in _LAYOUTS)

@@ -121,6 +121,58 @@ class ErasureReceipt(_Model):
     erasedBy: str = Field(description="The Kubernetes user the API server vouched for.")  # noqa: N815
 
 
+class AdminConversation(_Model):
+    """One conversation of an agent, as an administrator lists it."""
+
+    conversation_id: str = Field(alias="conversationId")
+    bucket: str | None = Field(default=None, description="The end user's bucket it lives in (perUser agents).")
+    entries: int
+    version: int
+    ttl_seconds: int | None = Field(alias="ttlSeconds", description="Seconds until it expires; None if gone.")
+    newest_ts: int | None = Field(
+        default=None, alias="newestTs", description="Unix ms of its newest entry (its last write)."
+    )
+
+
+class AdminConversationList(_Model):
+    namespace: str
+    agent: str
+    user: str | None = Field(default=None, description="The end user whose bucket was listed, if one was named.")
+    conversations: list[AdminConversation]
+    next_cursor: str | None = Field(alias="nextCursor", description="Pass as cursor for the next page; None: done.")
+
+
+class Transcript(_Model):
+    """One conversation's entries (authors and times stamped by the proxy), oldest first."""
+
+    namespace: str
+    agent: str
+    conversation_id: str = Field(alias="conversationId")
+    bucket: str | None = None
+    version: int
+    total: int = Field(description="Entries the conversation holds; ``entries`` may be only the newest of them.")
+    ttl_seconds: int | None = Field(alias="ttlSeconds")
+    entries: list[Entry]
+
+
+class AgentMemoryStats(_Model):
+    """What one agent's memory holds against its quota."""
+
+    namespace: str
+    agent: str
+    conversations: int = Field(description="Conversations counted by the storage accounting (buckets included).")
+    bytes: int = Field(description="Bytes of stored entries counted by the storage accounting.")
+    quota_conversations: int | None = Field(alias="quotaConversations")
+    quota_bytes: int | None = Field(alias="quotaBytes")
+    per_user: bool | None = Field(alias="perUser", description="spec.sessionMemory.perUser as the proxy reads it.")
+    oldest_write_ts: int | None = Field(
+        alias="oldestWriteTs", description="Unix ms of the oldest entry still stored among the examined ones."
+    )
+    newest_write_ts: int | None = Field(alias="newestWriteTs", description="Unix ms of the newest write examined.")
+    examined: int = Field(description="Conversations whose entries were read for the write times.")
+    complete: bool = Field(description="False when there were more conversations than the examination bound.")
+
+
 class ReplaceRequest(_Request):
     entries: list[EntryIn] = Field(min_length=1, max_length=env.MAX_CAP)
 

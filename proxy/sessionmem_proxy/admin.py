@@ -13,20 +13,33 @@ permission 403, an API server that cannot be asked 503.
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import httpx
 import orjson
 from pydantic import BaseModel
 
-from sessionmem_core import kube, wire
-from sessionmem_core.errors import AuthUnavailable, Forbidden, Unauthenticated
-from sessionmem_core.keys import Owner, session_prefix, shared_prefix
+from sessionmem_core import api, kube, wire
+from sessionmem_core.errors import (
+    AuthUnavailable,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    SessionMemError,
+    Unauthenticated,
+)
+from sessionmem_core.ids import validate_conversation_id
+from sessionmem_core.keys import Owner, conversation_of, per_user_prefix, session_prefix, shared_prefix
 from sessionmem_proxy.identity import bearer_token
 from sessionmem_proxy.kubeapi import KubeAPI
-from sessionmem_proxy.replies import Reply, model_reply
+from sessionmem_proxy.lifecycle import EXPORT_FIRST_PAGE_ENTRIES, EXPORT_MAX_PAGE_ENTRIES, EXPORT_PAGE_BYTES
+from sessionmem_proxy.replies import Reply, StreamReply, model_reply
 
 if TYPE_CHECKING:
     from sessionmem_proxy.context import ProxyContext
@@ -65,18 +78,42 @@ def denial(admin: Administrator, verb: str, namespace: str, name: str | None, re
     return Forbidden(f"user {admin.username!r} cannot {verb} {target}{where}")
 
 
+# Administrators' calls are a person's, at a person's pace: each costs the API server up to three reviews
+# (nothing is cached, so a revoked permission stops at once), so all of them together may start at most
+# ADMIN_CALLS_PER_SECOND (a burst of ADMIN_CALL_BURST); beyond it a caller gets 503 auth_unavailable and
+# the API server is not asked. A flood of garbage tokens on the admin routes costs it no more than that.
+ADMIN_CALLS_PER_SECOND = 10.0
+ADMIN_CALL_BURST = 20
+
+
 class KubeAdminAuthorizer:
-    def __init__(self, http: httpx.AsyncClient, api: KubeAPI, agent_audience: str) -> None:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        api: KubeAPI,
+        agent_audience: str,
+        *,
+        calls_per_second: float = ADMIN_CALLS_PER_SECOND,
+        call_burst: int = ADMIN_CALL_BURST,
+    ) -> None:
         self._http = http
         self._api = api
         self._agent_audience = agent_audience
+        self._calls_per_second = calls_per_second
+        self._call_burst = float(call_burst)
+        self._budget, self._budget_at = float(call_burst), time.monotonic()
+        # The administrators' TokenReviews by result (authenticated, rejected; unavailable counts any API
+        # call that failed, SubjectAccessReviews included): the proxy's /metrics.
+        self.reviews: Counter[str] = Counter()
 
     async def authorize(
         self, bearer_token: str | None, verb: str, namespace: str, agent: str | None, resource: str = kube.AGENT_PLURAL
     ) -> Administrator:
         if not bearer_token:
             raise Unauthenticated("missing bearer token")
+        self._spend()
         status = await self._token_review(bearer_token, None)
+        self.reviews["authenticated" if status.get("authenticated") else "rejected"] += 1
         if not status.get("authenticated"):
             # An agent's projected token is only valid under the proxy's audience: say plainly that agents
             # are not administrators instead of calling their valid token unknown.
@@ -98,6 +135,14 @@ class KubeAdminAuthorizer:
             raise denial(admin, verb, namespace, agent, resource)
         return admin
 
+    def _spend(self) -> None:
+        now = time.monotonic()
+        self._budget = min(self._call_burst, self._budget + (now - self._budget_at) * self._calls_per_second)
+        self._budget_at = now
+        if self._budget < 1.0:
+            raise AuthUnavailable("too many administration calls: identity checks are rate limited, retry shortly")
+        self._budget -= 1.0
+
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
             response = await self._http.post(
@@ -106,8 +151,10 @@ class KubeAdminAuthorizer:
                 headers={"Authorization": f"Bearer {self._api.bearer()}", "Content-Type": "application/json"},
             )
         except (httpx.HTTPError, OSError) as exc:
+            self.reviews["unavailable"] += 1
             raise AuthUnavailable(f"API server unavailable: {type(exc).__name__}") from exc
         if response.status_code not in (200, 201):
+            self.reviews["unavailable"] += 1
             raise AuthUnavailable(f"API server answered HTTP {response.status_code} to {path.rsplit('/', 1)[-1]}")
         status: dict[str, Any] = orjson.loads(response.content).get("status") or {}
         return status
@@ -140,6 +187,33 @@ class KubeAdminAuthorizer:
         return bool(status.get("allowed")) and not status.get("denied")
 
 
+_Answer = TypeVar("_Answer", Reply, StreamReply)
+_Handler = Callable[["ProxyContext", dict[str, Any], BaseModel | None], Awaitable[_Answer]]
+
+
+def observed(op: str) -> Callable[[_Handler[_Answer]], _Handler[_Answer]]:
+    """Counts an administrator's operation in the proxy's metrics (``op``, and ``ok`` or its typed error),
+    as the agents' operations are counted; a streamed answer is counted once it starts."""
+
+    def wrap(handler: _Handler[_Answer]) -> _Handler[_Answer]:
+        @functools.wraps(handler)
+        async def counted(ctx: ProxyContext, p: dict[str, Any], body: BaseModel | None) -> _Answer:
+            started, outcome = time.perf_counter(), "internal"
+            try:
+                answer = await handler(ctx, p, body)
+                outcome = "ok"
+                return answer
+            except SessionMemError as exc:
+                outcome = exc.error_type
+                raise
+            finally:
+                ctx.metrics.observe(op, outcome, (time.perf_counter() - started) * 1000.0)
+
+        return counted
+
+    return wrap
+
+
 class DevAdminAuthorizer:
     """The explicit dev auth mode's administrator: ``dev-admin:<name>`` may do everything, nothing else
     may. Off unless the proxy runs with SESSIONMEM_AUTH_MODE=dev, which the chart never sets."""
@@ -154,6 +228,7 @@ class DevAdminAuthorizer:
         return Administrator(username=bearer_token[len(DEV_ADMIN_PREFIX) :])
 
 
+@observed("admin_erase_agent")
 async def erase_agent_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
     """Every conversation of one agent, its users' buckets included: for a person allowed to delete the
     memory of that AgentDeployment."""
@@ -161,6 +236,7 @@ async def erase_agent_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel 
     return await _erase(ctx, p, session_prefix(owner), owner.namespace, owner.agent, kube.AGENT_PLURAL)
 
 
+@observed("admin_erase_user")
 async def erase_user_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
     """One end user's conversations with one agent (their bucket), for a person allowed to delete the
     memory of that AgentDeployment. The bucket is derived as the proxy derives it for the user's turns."""
@@ -169,6 +245,7 @@ async def erase_user_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel |
     return await _erase(ctx, p, prefix, owner.namespace, owner.agent, kube.AGENT_PLURAL, user=p["user"])
 
 
+@observed("admin_erase_user_everywhere")
 async def erase_user_everywhere(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
     """One end user's conversations with every agent of a namespace, for a person allowed to delete the
     memory of all the namespace's AgentDeployments. The user's buckets are found by the agents that keep
@@ -209,6 +286,7 @@ async def erase_user_everywhere(ctx: ProxyContext, p: dict[str, Any], _: BaseMod
     )
 
 
+@observed("admin_erase_registry")
 async def erase_registry_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
     """Every shared conversation of one AgentRegistry's team: its members append and read them, but
     replacing or erasing them is a person's act (delete on agentregistries/memory, cluster-scoped)."""
@@ -250,6 +328,238 @@ async def _erase(
             user=user,
             registry=registry,
             keys=sorted(removed),
+            entries=entries,
+            erasedBy=admin.username,
+        )
+    )
+
+
+# --- Reading an agent's memory (kubectl sessionmem): get/list on agentdeployments/memory ---
+
+# The stats examine at most this many conversations for their oldest and newest writes (two reads each),
+# so one request stays bounded however many conversations the agent has; the answer says when it stopped.
+STATS_EXAMINED_CONVERSATIONS = 500
+_SCAN_BATCH = 200
+# A listing page scans at most this many batches, so one request stays bounded however sparse the keyspace.
+_MAX_SCANS_PER_PAGE = 50
+
+
+async def _authorized_space(ctx: ProxyContext, p: dict[str, Any], verb: str) -> tuple[Owner, str, Administrator]:
+    """(owner, key prefix of the space asked for, administrator): the agent's whole private space, or one
+    end user's bucket in it (``user``, derived as for the user's own turns; or the ``bucket`` a listing
+    showed)."""
+    owner = Owner(p["namespace"], p["agent"])
+    if ctx.admin is None:
+        raise Forbidden("memory administration is not enabled on this proxy")
+    admin = await ctx.admin.authorize(bearer_token(p["authorization"]), verb, owner.namespace, owner.agent)
+    user, bucket = p.get("user"), p.get("bucket")
+    if user is not None and bucket is not None:
+        raise InvalidRequest("name the end user or their bucket, not both")
+    if user is not None:
+        return owner, ctx.keys.bucket_prefix(owner, user), admin
+    if bucket is not None:
+        return owner, per_user_prefix(owner, bucket), admin
+    return owner, session_prefix(owner), admin
+
+
+def _conversation_key(prefix: str, conversation_id: str) -> str:
+    return prefix + validate_conversation_id(conversation_id)
+
+
+def _timestamp(raw: list[bytes]) -> int | None:
+    if not raw:
+        return None
+    ts = orjson.loads(raw[0]).get("ts")
+    return int(ts) if isinstance(ts, int) else None
+
+
+@observed("admin_conversations")
+async def list_agent_conversations(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+    """One page of an agent's conversations (its users' buckets included, unless one user is named), each
+    with its size, version, remaining TTL and last write."""
+    cursor = int(p["cursor"])
+    if cursor >= 2**64:
+        raise InvalidRequest("cursor is not one this server returned")
+    owner, prefix, _admin = await _authorized_space(ctx, p, LIST)
+    agent_prefix = session_prefix(owner)
+    with ctx.tracer.span("admin_list", "", p["traceparent"]) as span:
+        found: list[str] = []
+        for _page in range(_MAX_SCANS_PER_PAGE):
+            cursor, keys = await ctx.store.scan(prefix + "*", cursor, max(1, p["limit"] - len(found)))
+            found += keys
+            if cursor == 0 or len(found) >= p["limit"]:
+                break
+        conversations: list[wire.AdminConversation] = []
+        for key in sorted(set(found)):
+            parsed = conversation_of(agent_prefix, key)
+            if parsed is None:
+                continue
+            length, version, ttl = await ctx.store.info(key)
+            if not length:
+                continue  # expired or erased since the scan saw it
+            newest = _timestamp(await ctx.store.read_range(key, -1, -1))
+            conversations.append(
+                wire.AdminConversation(
+                    conversationId=parsed[1],
+                    bucket=parsed[0],
+                    entries=length,
+                    version=version,
+                    ttlSeconds=ttl,
+                    newestTs=newest,
+                )
+            )
+        span.entries = len(conversations)
+    return model_reply(
+        wire.AdminConversationList(
+            namespace=owner.namespace,
+            agent=owner.agent,
+            user=p.get("user"),
+            conversations=conversations,
+            nextCursor=str(cursor) if cursor else None,
+        )
+    )
+
+
+@observed("admin_show")
+async def show_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+    """The newest ``last`` entries of one conversation, oldest first, with their authors and times."""
+    owner, prefix, _admin = await _authorized_space(ctx, p, READ)
+    key = _conversation_key(prefix, p["conversation_id"])
+    with ctx.tracer.span("admin_show", p["conversation_id"], p["traceparent"]) as span:
+        length, version, ttl = await ctx.store.info(key)
+        if not length:
+            raise NotFound(f"{owner.author} has no conversation {p['conversation_id']!r} there")
+        result = await ctx.store.read(key, p["last"])
+        span.entries, span.version = len(result.raw_entries), version
+    parsed = conversation_of(session_prefix(owner), key)
+    return model_reply(
+        wire.Transcript(
+            namespace=owner.namespace,
+            agent=owner.agent,
+            conversationId=p["conversation_id"],
+            bucket=parsed[0] if parsed else None,
+            version=version,
+            total=length,
+            ttlSeconds=ttl,
+            entries=[wire.Entry.model_validate_json(raw) for raw in result.raw_entries],
+        )
+    )
+
+
+@observed("admin_export")
+async def export_agent_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> StreamReply:
+    """JSON lines, one per entry (``conversationId`` and ``bucket`` added to the stored entry), oldest
+    first within a conversation: one conversation, one user's, or all of the agent's.
+
+    Streamed: keys are found one SCAN batch at a time and entries read one page at a time, each sent
+    before the next is read, so memory is about one page whatever the agent holds. Refusals and a backend
+    unreachable at the start are typed errors; a failure later cuts the stream short (no final newline)."""
+    owner, prefix, _admin = await _authorized_space(ctx, p, READ)
+    agent_prefix = session_prefix(owner)
+    one = p.get("conversation")
+    with ctx.tracer.span("admin_export", one or "", p["traceparent"]):
+        if one is not None:
+            first_keys, cursor = [_conversation_key(prefix, one)], 0
+            if not (await ctx.store.info(first_keys[0]))[0]:
+                raise NotFound(f"{owner.author} has no conversation {one!r} there")
+        else:
+            cursor, first_keys = await ctx.store.scan(prefix + "*", 0, _SCAN_BATCH)
+
+    async def lines() -> AsyncIterator[bytes]:
+        keys, next_cursor = first_keys, cursor
+        # SCAN may return a key twice (when Valkey rehashes meanwhile): each conversation is exported once.
+        # The keys are remembered, not their entries: a few bytes each, at most the agent's quota of them.
+        exported: set[str] = set()
+        while True:
+            for key in sorted(set(keys) - exported):
+                exported.add(key)
+                parsed = conversation_of(agent_prefix, key)
+                if parsed is not None:
+                    async for chunk in _export_lines(ctx, key, parsed):
+                        yield chunk
+            if not next_cursor:
+                return
+            next_cursor, keys = await ctx.store.scan(prefix + "*", next_cursor, _SCAN_BATCH)
+
+    return StreamReply(200, ((b"content-type", api.NDJSON.encode()),), lines())
+
+
+async def _export_lines(ctx: ProxyContext, key: str, parsed: tuple[str | None, str]) -> AsyncIterator[bytes]:
+    bucket, conversation_id = parsed
+    head = b'{"conversationId":' + orjson.dumps(conversation_id) + b',"bucket":' + orjson.dumps(bucket) + b","
+    sent = 0
+    size = EXPORT_FIRST_PAGE_ENTRIES
+    while True:
+        page = await ctx.store.read_range(key, sent, sent + size - 1)
+        if not page:
+            return
+        # A stored entry is a JSON object beginning '{"id":': the extra fields go in front of its own.
+        yield b"".join(head + raw[1:] + b"\n" for raw in page)
+        sent += len(page)
+        size = max(1, min(EXPORT_MAX_PAGE_ENTRIES, EXPORT_PAGE_BYTES // max(map(len, page))))
+
+
+@observed("admin_stats")
+async def agent_memory_stats(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+    """Conversations and bytes against the agent's quotas (the storage accounting's figures), and the oldest
+    and newest writes among at most STATS_EXAMINED_CONVERSATIONS of its conversations."""
+    owner, prefix, _admin = await _authorized_space(ctx, p, READ)  # no user named: the agent's whole space
+    with ctx.tracer.span("admin_stats", "", p["traceparent"]) as span:
+        oldest: int | None = None
+        newest: int | None = None
+        examined, counted, cursor = 0, 0, 0
+        while examined < STATS_EXAMINED_CONVERSATIONS:
+            cursor, keys = await ctx.store.scan(prefix + "*", cursor, _SCAN_BATCH)
+            for key in keys:
+                if examined >= STATS_EXAMINED_CONVERSATIONS or conversation_of(prefix, key) is None:
+                    continue
+                first = _timestamp(await ctx.store.read_range(key, 0, 0))
+                last = _timestamp(await ctx.store.read_range(key, -1, -1))
+                examined += 1
+                if first is not None:
+                    oldest = first if oldest is None else min(oldest, first)
+                if last is not None:
+                    newest = last if newest is None else max(newest, last)
+            counted += len(keys)
+            if cursor == 0:
+                break
+        usage = await ctx.store.ledger.peek(prefix + "stats") if ctx.store.ledger is not None else None
+        limits = await ctx.quotas.policy_of(owner) if ctx.quotas is not None else None
+        span.entries = examined
+    return model_reply(
+        wire.AgentMemoryStats(
+            namespace=owner.namespace,
+            agent=owner.agent,
+            conversations=usage.conversations if usage is not None else counted,
+            bytes=usage.bytes if usage is not None else 0,
+            quotaConversations=limits.max_conversations if limits is not None else None,
+            quotaBytes=limits.max_bytes if limits is not None else None,
+            perUser=limits.per_user if limits is not None else None,
+            oldestWriteTs=oldest,
+            newestWriteTs=newest,
+            examined=examined,
+            complete=cursor == 0,
+        )
+    )
+
+
+@observed("admin_erase_conversation")
+async def erase_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+    """One conversation of an agent (in a user's bucket, when one is named): delete on the memory."""
+    owner, prefix, admin = await _authorized_space(ctx, p, ERASE)
+    key = _conversation_key(prefix, p["conversation_id"])
+    with ctx.tracer.span("admin_erase", p["conversation_id"], p["traceparent"]) as span:
+        entries = await ctx.store.delete(key)
+        span.entries = entries
+    _AUDIT.warning(
+        "conversation %r of %s erased by %s: %d entries", p["conversation_id"], owner.author, admin.username, entries
+    )
+    return model_reply(
+        wire.ErasureReceipt(
+            namespace=owner.namespace,
+            agent=owner.agent,
+            user=p.get("user"),
+            keys=[key] if entries else [],
             entries=entries,
             erasedBy=admin.username,
         )

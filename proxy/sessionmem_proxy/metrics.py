@@ -4,6 +4,7 @@ for a handful of series)."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 
 _BUCKETS_MS = (0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0)
 
@@ -25,7 +26,9 @@ class ProxyMetrics:
             buckets[-1] += 1
         self._latency_sum_ms[op] += latency_ms
 
-    def render(self) -> str:
+    def render(self, token_reviews: Mapping[str, Mapping[str, int]] | None = None) -> str:
+        """``token_reviews``: TokenReview calls by who was being identified (``agent``, ``admin``), then by
+        result (``authenticated``, ``rejected``, ``unavailable``)."""
         lines = [
             "# HELP sessionmem_proxy_requests_total Memory operations served, by operation and outcome.",
             "# TYPE sessionmem_proxy_requests_total counter",
@@ -44,4 +47,11 @@ class ProxyMetrics:
                 lines.append(f'sessionmem_proxy_latency_ms_bucket{{op="{op}",le="{le}"}} {cumulative}')
             lines.append(f'sessionmem_proxy_latency_ms_sum{{op="{op}"}} {self._latency_sum_ms[op]:.3f}')
             lines.append(f'sessionmem_proxy_latency_ms_count{{op="{op}"}} {cumulative}')
+        lines += [
+            "# HELP sessionmem_proxy_token_reviews_total TokenReview calls to the API server, by caller and result.",
+            "# TYPE sessionmem_proxy_token_reviews_total counter",
+        ]
+        for kind, results in sorted((token_reviews or {}).items()):
+            for result, count in sorted(results.items()):
+                lines.append(f'sessionmem_proxy_token_reviews_total{{kind="{kind}",result="{result}"}} {count}')
         return "\n".join(lines) + "\n"

@@ -9,17 +9,18 @@ a path separator; the conversation id is then decoded once, by ``sessionmem_core
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel
 
-from sessionmem_core import api, wire
+from sessionmem_core import api, env, wire
 from sessionmem_core.errors import MethodNotAllowed, NotFound
 from sessionmem_proxy import admin, hot, lifecycle, params
 from sessionmem_proxy.context import ProxyContext
 from sessionmem_proxy.params import Param
 from sessionmem_proxy.replies import Reply, StreamReply, json_reply, text_reply
+from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
 
 Handler = Callable[[ProxyContext, dict[str, Any], BaseModel | None], Awaitable[Reply | StreamReply]]
 
@@ -69,7 +70,12 @@ async def _readyz(ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -
 
 
 async def _metrics(ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
-    return text_reply(ctx.metrics.render().encode(), b"text/plain; version=0.0.4")
+    reviews: dict[str, Mapping[str, int]] = {}
+    if isinstance(ctx.authenticator, TokenReviewAuthenticator):
+        reviews["agent"] = ctx.authenticator.reviews
+    if isinstance(ctx.admin, admin.KubeAdminAuthorizer):
+        reviews["admin"] = ctx.admin.reviews
+    return text_reply(ctx.metrics.render(reviews).encode(), b"text/plain; version=0.0.4")
 
 
 async def _openapi(_ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
@@ -87,6 +93,27 @@ _CURSOR = params.text("cursor", "cursor", default="0", min_length=1, max_length=
 _SEARCH_Q = params.text("q", "q", min_length=1, max_length=1024, description="Words to look for")
 _SEARCH_LIMIT = params.integer("limit", "limit", 10, 1, 100, "At most this many matches")
 _CONFIRM = params.boolean("confirm", False, "Must be true: this erases every private conversation")
+# An administrator's reads: an end user's bucket named by the user (or by the bucket a listing showed).
+_ADMIN_USER = replace(
+    params.text("user", api.ADMIN_USER_QUERY, max_length=256, description="Only this end user's bucket"),
+    required=False,
+)
+_ADMIN_BUCKET = replace(
+    params.text(
+        "bucket", api.ADMIN_BUCKET_QUERY, min_length=32, max_length=32, pattern="[0-9a-f]{32}",
+        description="Only this user bucket (as a listing shows it)",
+    ),
+    required=False,
+)  # fmt: skip
+_ADMIN_CONVERSATION = replace(
+    params.text("conversation", api.ADMIN_CONVERSATION_QUERY, max_length=128, description="Only this conversation"),
+    required=False,
+)
+_ADMIN_LIST_LIMIT = params.integer("limit", "limit", 50, 1, 200, "Page size hint (Valkey SCAN)")
+_ADMIN_LAST = params.integer(
+    "last", api.ADMIN_LAST_QUERY, env.DEFAULT_CAP, 1, env.MAX_CAP, "How many of the newest entries"
+)
+_ADMIN_SPACE = (*params.ADMIN, _ADMIN_USER, _ADMIN_BUCKET)
 
 ROUTES: tuple[Route, ...] = (
     Route("healthz", "GET", "/healthz", (), _healthz, wire.Health, frozenset(), "Liveness", "health", counted=False),
@@ -247,6 +274,62 @@ ROUTES: tuple[Route, ...] = (
         wire.ErasureReceipt,
         CALLER_STATUSES,
         "Erase every shared conversation of a registry's team (RBAC: delete agentregistries/memory)",
+        "administration",
+    ),
+    Route(
+        "admin_conversations",
+        "GET",
+        api.ADMIN_CONVERSATIONS_PATH,
+        (*_ADMIN_SPACE, _ADMIN_LIST_LIMIT, _CURSOR),
+        admin.list_agent_conversations,
+        wire.AdminConversationList,
+        CALLER_STATUSES,
+        "List an agent's conversations, with size and last write (RBAC: list agentdeployments/memory)",
+        "administration",
+    ),
+    Route(
+        "admin_show",
+        "GET",
+        api.ADMIN_CONVERSATION_PATH,
+        (*_ADMIN_SPACE, params.CONVERSATION_ID, _ADMIN_LAST),
+        admin.show_conversation,
+        wire.Transcript,
+        CALLER_STATUSES | {404},
+        "One conversation's newest entries with authors and times (RBAC: get agentdeployments/memory)",
+        "administration",
+    ),
+    Route(
+        "admin_erase_conversation",
+        "DELETE",
+        api.ADMIN_CONVERSATION_PATH,
+        (*_ADMIN_SPACE, params.CONVERSATION_ID),
+        admin.erase_conversation,
+        wire.ErasureReceipt,
+        CALLER_STATUSES,
+        "Erase one conversation of an agent (RBAC: delete agentdeployments/memory)",
+        "administration",
+    ),
+    Route(
+        "admin_export",
+        "GET",
+        api.ADMIN_EXPORT_PATH,
+        (*_ADMIN_SPACE, _ADMIN_CONVERSATION),
+        admin.export_agent_memory,
+        None,
+        CALLER_STATUSES | {404},
+        "Export an agent's memory as JSON lines, streamed (RBAC: get agentdeployments/memory)",
+        "administration",
+        content_type=api.NDJSON,
+    ),
+    Route(
+        "admin_stats",
+        "GET",
+        api.ADMIN_STATS_PATH,
+        params.ADMIN,
+        admin.agent_memory_stats,
+        wire.AgentMemoryStats,
+        CALLER_STATUSES,
+        "An agent's stored conversations and bytes against its quotas (RBAC: get agentdeployments/memory)",
         "administration",
     ),
     Route(

@@ -11,7 +11,7 @@ import asyncio
 import base64
 import hashlib
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 import httpx
@@ -91,6 +91,8 @@ class TokenReviewAuthenticator:
         self._inflight: dict[bytes, asyncio.Future[AgentIdentity]] = {}
         self._budgets: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self.api_calls = 0
+        # TokenReview calls by result (authenticated, rejected, unavailable): the proxy's /metrics.
+        self.reviews: Counter[str] = Counter()
 
     async def authenticate(self, bearer_token: str | None, source: str | None = None) -> AgentIdentity:
         if bearer_token is None:
@@ -163,10 +165,13 @@ class TokenReviewAuthenticator:
                 headers={"Authorization": f"Bearer {self._api.bearer()}", "Content-Type": "application/json"},
             )
         except (httpx.HTTPError, OSError) as exc:
+            self.reviews["unavailable"] += 1
             raise AuthUnavailable(f"TokenReview unavailable: {type(exc).__name__}") from exc
         if response.status_code != 201 and response.status_code != 200:
+            self.reviews["unavailable"] += 1
             raise AuthUnavailable(f"TokenReview answered HTTP {response.status_code}")
         status: dict[str, Any] = orjson.loads(response.content).get("status", {})
+        self.reviews["authenticated" if status.get("authenticated") else "rejected"] += 1
         if not status.get("authenticated"):
             raise Unauthenticated("token rejected: " + str(status.get("error", "not authenticated"))[:200])
         if self._audience not in (status.get("audiences") or []):

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from sessionmem_core import kube
-from sessionmem_core.errors import Forbidden, Unauthenticated
+from sessionmem_core.errors import AuthUnavailable, Forbidden, Unauthenticated
 from sessionmem_proxy.admin import ERASE, READ, KubeAdminAuthorizer
 from sessionmem_proxy.kubeapi import KubeAPI
 from tests.harness.apiserver import KubeTestCluster
@@ -48,6 +48,8 @@ class World:
     eraser: str
     reader: str
     agent: str
+    http: httpx.AsyncClient
+    api: KubeAPI
 
 
 @pytest.fixture
@@ -91,7 +93,7 @@ async def world(kube_cluster: KubeTestCluster, kube_namespace: str) -> AsyncIter
     async with httpx.AsyncClient(
         base_url=api.server, verify=ssl.create_default_context(cafile=str(cluster.ca_path)), timeout=10
     ) as http:
-        yield World(KubeAdminAuthorizer(http, api, AGENT_AUDIENCE), ns, eraser, reader, agent)
+        yield World(KubeAdminAuthorizer(http, api, AGENT_AUDIENCE), ns, eraser, reader, agent, http, api)
 
 
 async def test_a_person_with_the_memory_permission_is_authorised(world: World) -> None:
@@ -120,3 +122,15 @@ async def test_missing_and_garbage_tokens_are_unauthenticated(world: World) -> N
     for token in (None, "", "garbage"):
         with pytest.raises(Unauthenticated):
             await world.authorizer.authorize(token, ERASE, world.namespace, "support-agent")
+
+
+async def test_administration_calls_are_rate_limited_before_the_api_server_is_asked(world: World) -> None:
+    """Each admin call costs the API server reviews: beyond the budget the caller gets 503, and the API
+    server is not asked (no review is counted)."""
+    authorizer = KubeAdminAuthorizer(world.http, world.api, AGENT_AUDIENCE, calls_per_second=0.001, call_burst=2)
+    for _ in range(2):
+        await authorizer.authorize(world.reader, READ, world.namespace, "support-agent")
+    asked = sum(authorizer.reviews.values())
+    with pytest.raises(AuthUnavailable, match="rate limited"):
+        await authorizer.authorize("garbage", READ, world.namespace, "support-agent")
+    assert sum(authorizer.reviews.values()) == asked == 2
