@@ -187,6 +187,23 @@ async def test_a_body_over_the_transfer_rate_is_refused_before_it_is_read(
     assert answer.status_code == 429
 
 
+async def test_refused_bodies_are_charged_to_the_agent_that_sent_them(
+    client_for: Callable[..., httpx.AsyncClient],
+) -> None:
+    """A body over the size limit is read and dropped (so the client can read its 413): those bytes cost
+    the proxy all the same, so they count against the sender's transfer rate. The burst is two maximal
+    bodies: two oversize ones spend it, the third attempt is refused before it is read; others are not."""
+    client = client_for(**{env.QUOTA_BYTES_PER_SECOND: "1"})
+    oversize = b'{"entries":[' + b" " * env.MAX_BODY_BYTES + b"]}"
+    headers = {**A, "content-type": "application/json"}
+    statuses = [
+        (await client.post("/v1/conversations/c/entries", content=oversize, headers=headers)).status_code
+        for _ in range(3)
+    ]
+    assert statuses == [413, 413, 429]
+    assert (await append(client, B, "c")).status_code == 200
+
+
 async def test_reads_are_charged_by_what_they_return(client_for: Callable[..., httpx.AsyncClient]) -> None:
     client = client_for(**{env.QUOTA_BYTES_PER_SECOND: "1"})
     assert (await client.post("/v1/conversations/c/entries", json=large_body(), headers=B)).status_code == 200

@@ -28,7 +28,7 @@ from sessionmem_proxy.context import ProxyContext, identify
 from sessionmem_proxy.identity import Authenticator, DevAuthenticator
 from sessionmem_proxy.keying import KeyResolver
 from sessionmem_proxy.kubeapi import KubeAPI
-from sessionmem_proxy.limits import InFlight, RequestLimits
+from sessionmem_proxy.limits import BodyMeter, InFlight, RequestLimits
 from sessionmem_proxy.membership import KubeRegistryMembership, Membership
 from sessionmem_proxy.metrics import ProxyMetrics
 from sessionmem_proxy.params import RawRequest, parse
@@ -125,8 +125,9 @@ class ProxyApp:
             if route.request is None:
                 return await route.handler(self.ctx, values, None)
             uploader = await self._admit_upload(headers)
-            raw = await self.limits.read_body(receive, headers.get("content-length"))
+            meter = BodyMeter()
             try:
+                raw = await self.limits.read_body(receive, headers.get("content-length"), meter)
                 try:
                     body = route.request.model_validate_json(raw)
                 except ValidationError as exc:
@@ -134,9 +135,10 @@ class ProxyApp:
                 return await route.handler(self.ctx, values, body)
             finally:
                 if uploader is not None and self.ctx.quotas is not None:
-                    # Charged once served, so the body's own size never refuses it; the agent's next
-                    # request finds its bucket in debt if this one took more than was left.
-                    self.ctx.quotas.charge(uploader, len(raw))
+                    # Charged once answered, so the body's own size never refuses it; the agent's next
+                    # request finds its bucket in debt if this one took more than was left. Refused
+                    # bodies (413, 408, 400) count too: what was read and dropped cost the same.
+                    self.ctx.quotas.charge(uploader, meter.received)
         except SessionMemError as exc:
             return _typed(exc)
         except Exception as exc:

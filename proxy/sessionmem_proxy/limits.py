@@ -38,9 +38,10 @@ class RequestLimits:
         if size > self.serving.max_header_bytes:
             raise HeadersTooLarge(f"header fields exceed {self.serving.max_header_bytes} bytes")
 
-    async def read_body(self, receive: Receive, content_length: str | None) -> bytes:
+    async def read_body(self, receive: Receive, content_length: str | None, meter: BodyMeter) -> bytes:
         """The whole body, counted while it streams in; 413 over the limit, 408 when the body timeout
-        passes first.
+        passes first. ``meter`` counts every byte received, kept or dropped, also when this raises: what
+        the client made the proxy take is charged to it either way.
 
         Over the limit (declared or counted), nothing more is kept, but what the client is still sending
         is read and dropped, up to as much again and within the body timeout: closing on unread bytes
@@ -62,6 +63,7 @@ class RequestLimits:
                         raise InvalidRequest("the request body ended early or its framing is malformed")
                     chunk = message.get("body", b"")
                     received += len(chunk)
+                    meter.received = received
                     too_large = too_large or received > limit
                     if not too_large:
                         chunks.append(chunk)
@@ -77,6 +79,15 @@ class RequestLimits:
         if too_large:
             raise PayloadTooLarge(f"request body exceeds {limit} bytes")
         return b"".join(chunks)
+
+
+class BodyMeter:
+    """How many bytes of a request body the proxy has taken so far."""
+
+    __slots__ = ("received",)
+
+    def __init__(self) -> None:
+        self.received = 0
 
 
 class InFlight:
