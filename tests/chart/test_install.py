@@ -30,11 +30,7 @@ import yaml
 
 from sessionmem_core import env, kube
 from sessionmem_operator.config import OperatorConfig
-from tests.harness import KubeApiError, KubeTestCluster
-from tests.harness.fixtures import namespace_name_for
-from tests.support.kube_tokens import agent_pod_token
-from tests.support.processes import ServiceProcess
-from tests.test_chart_lint import (
+from tests.chart.test_lint import (
     CHART,
     EXAMPLE,
     PRODUCTION,
@@ -49,6 +45,10 @@ from tests.test_chart_lint import (
     resolved_env,
     run_helm,
 )
+from tests.harness import KubeApiError, KubeTestCluster
+from tests.harness.fixtures import namespace_name_for
+from tests.support.kube_tokens import agent_pod_token
+from tests.support.processes import ServiceProcess
 
 pytestmark = pytest.mark.integration
 
