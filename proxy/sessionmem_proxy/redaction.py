@@ -48,7 +48,8 @@ _CARD = _compile(rb"(?:^|[^\p{Nd}])(\p{Nd}(?:[ -]?\p{Nd}){12,18})(?:[^\p{Nd}]|$)
 _NOT_DIGIT = re.compile(r"\D")
 
 
-def _luhn_ok(digits: str) -> bool:
+def luhn_ok(digits: str) -> bool:
+    """Whether a card number's digits pass the Luhn checksum (a number that fails is not redacted)."""
     total = 0
     for i, ch in enumerate(reversed(digits)):
         d = int(ch)
@@ -91,7 +92,7 @@ def _redact_emails(text: str) -> str:
 
 def _redact_cards(text: str) -> str:
     def replace(found: str) -> str | None:
-        return "[redacted:card]" if _luhn_ok(_NOT_DIGIT.sub("", found)) else None
+        return "[redacted:card]" if luhn_ok(_NOT_DIGIT.sub("", found)) else None
 
     return _substitute(_CARD, text, replace, group=1)
 
