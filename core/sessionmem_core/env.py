@@ -18,7 +18,6 @@ DEFAULT_TTL_SECONDS = 24 * 3600
 DEFAULT_LAUNCHER_PORT = 2998
 DEFAULT_SERVE_PORT = 8080
 DEFAULT_AGENT_PORT = 8081
-DEFAULT_BACKEND_ADDR = "ctxmesh-statelayer.ctxmesh.svc:6379"
 DEFAULT_TOKEN_PATH = "/var/run/secrets/sessionmem/token"
 DEFAULT_AUDIENCE = "sessionmem-proxy"
 
@@ -32,7 +31,8 @@ MAX_CONTENT_CHARS = 256 * 1024
 
 # --- pod (launcher) side, written by the operator ---
 PROXY_URL = "SESSIONMEM_PROXY_URL"
-# The operator's direct mode writes it; the launcher ignores it (it always talks to a proxy).
+# Never rendered (there is no direct mode: the launcher always talks to a proxy, and ignores it); named
+# here so that tests can check it stays absent from every workload.
 BACKEND_ADDR = "SESSIONMEM_BACKEND_ADDR"
 TOKEN_PATH = "SESSIONMEM_TOKEN_PATH"
 NAMESPACE = "SESSIONMEM_NAMESPACE"
