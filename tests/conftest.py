@@ -40,7 +40,7 @@ def proxy_process(valkey_server: ValkeyProcess) -> Iterator[ServiceProcess]:
     proc = dev_proxy(
         valkey_server.url,
         **{
-            # Functional tests drive one agent far past a tenant's default rate; tests/test_quotas.py covers it.
+            # Functional tests drive one agent far past a tenant's default rate; tests/proxy/test_quotas.py covers it.
             env.QUOTA_REQUESTS_PER_SECOND: "1000000",
             env.QUOTA_BURST: "1000000",
             env.QUOTA_BYTES_PER_SECOND: str(1 << 40),

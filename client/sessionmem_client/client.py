@@ -9,9 +9,11 @@ error the server raised (``VersionConflict`` for a stale ``If-Match``, ``Invalid
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Generic, Self, TypeVar
 
 from sessionmem_client._requests import (
     DEFAULT_TIMEOUT_SECONDS,
@@ -38,18 +40,43 @@ if TYPE_CHECKING:  # httpx is loaded only when the caller brings httpx pieces
 __all__ = ["AsyncMemoryClient", "MemoryClient"]
 
 
-def _options(
-    base_url: str | None, turn: str | None, traceparent: str | None, propagate_trace_context: bool
-) -> CallOptions:
-    return CallOptions(
-        base_url=base_url or default_base_url(),
-        turn=turn,
-        traceparent=traceparent,
-        propagate_trace_context=propagate_trace_context,
-    )
+_Transport = TypeVar("_Transport", SyncTransport, AsyncTransport)
 
 
-class MemoryClient:
+class _Client(Generic[_Transport]):
+    """What the sync and the async client share: the options every call carries, and the transport."""
+
+    def __init__(
+        self, base_url: str | None, turn: str | None, traceparent: str | None, propagate_trace_context: bool
+    ) -> None:
+        self._options = CallOptions(
+            base_url=base_url or default_base_url(),
+            turn=turn,
+            traceparent=traceparent,
+            propagate_trace_context=propagate_trace_context,
+        )
+        self._owns_http = True
+
+    _http: _Transport
+
+    @property
+    def base_url(self) -> str:
+        return self._options.base_url
+
+    @property
+    def turn(self) -> str | None:
+        return self._options.turn
+
+    def with_turn(self, turn: str | None) -> Self:
+        """A client for another turn (another request the agent serves) that shares this one's connection
+        pool (closing it is a no-op)."""
+        clone = copy.copy(self)
+        clone._options = dataclasses.replace(self._options, turn=turn)
+        clone._owns_http = False
+        return clone
+
+
+class MemoryClient(_Client[SyncTransport]):
     """Synchronous client, over pooled keep-alive connections; safe to share between threads.
 
     ``turn``: the handle of the end user's turn in flight (agents with ``perUser: true``): the value of the
@@ -72,31 +99,8 @@ class MemoryClient:
         transport: httpx.BaseTransport | None = None,
         http_client: httpx.Client | None = None,
     ) -> None:
-        self._options = _options(base_url, turn, traceparent, propagate_trace_context)
-        self._owns_http = True
-        self._http: SyncTransport = sync_transport(self._options.base_url, timeout, transport, http_client)
-
-    @property
-    def base_url(self) -> str:
-        return self._options.base_url
-
-    @property
-    def turn(self) -> str | None:
-        return self._options.turn
-
-    def with_turn(self, turn: str | None) -> MemoryClient:
-        """A client for another turn (another request the agent serves) that shares this one's connection
-        pool (closing it is a no-op)."""
-        clone = MemoryClient.__new__(MemoryClient)
-        clone._options = CallOptions(
-            base_url=self._options.base_url,
-            turn=turn,
-            traceparent=self._options.traceparent,
-            propagate_trace_context=self._options.propagate_trace_context,
-        )
-        clone._owns_http = False
-        clone._http = self._http
-        return clone
+        super().__init__(base_url, turn, traceparent, propagate_trace_context)
+        self._http = sync_transport(self._options.base_url, timeout, transport, http_client)
 
     def _send(self, request: Request[M]) -> M:
         return decode(request, self._http.send(self._options, request))
@@ -212,7 +216,7 @@ class MemoryClient:
         self.close()
 
 
-class AsyncMemoryClient:
+class AsyncMemoryClient(_Client[AsyncTransport]):
     """Asynchronous client; the same methods as :class:`MemoryClient`, awaited. ``timeout`` here bounds
     each whole call (connect, send, answer). Connections belong to the event loop that opened them."""
 
@@ -227,31 +231,8 @@ class AsyncMemoryClient:
         transport: httpx.AsyncBaseTransport | None = None,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
-        self._options = _options(base_url, turn, traceparent, propagate_trace_context)
-        self._owns_http = True
-        self._http: AsyncTransport = async_transport(self._options.base_url, timeout, transport, http_client)
-
-    @property
-    def base_url(self) -> str:
-        return self._options.base_url
-
-    @property
-    def turn(self) -> str | None:
-        return self._options.turn
-
-    def with_turn(self, turn: str | None) -> AsyncMemoryClient:
-        """A client for another turn (another request the agent serves) that shares this one's connection
-        pool (closing it is a no-op)."""
-        clone = AsyncMemoryClient.__new__(AsyncMemoryClient)
-        clone._options = CallOptions(
-            base_url=self._options.base_url,
-            turn=turn,
-            traceparent=self._options.traceparent,
-            propagate_trace_context=self._options.propagate_trace_context,
-        )
-        clone._owns_http = False
-        clone._http = self._http
-        return clone
+        super().__init__(base_url, turn, traceparent, propagate_trace_context)
+        self._http = async_transport(self._options.base_url, timeout, transport, http_client)
 
     async def _send(self, request: Request[M]) -> M:
         return decode(request, await self._http.send(self._options, request))

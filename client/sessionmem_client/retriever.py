@@ -76,47 +76,46 @@ class MemoryAugmentedRetriever:
     def memory_slots(self, top_k: int) -> int:
         return min(top_k, round(self.memory_weight * top_k))
 
-    def _search_limit(self, top_k: int) -> int:
+    def _search_limit(self, query: str, top_k: int) -> int:
+        """How many hits to ask memory for; 0 when memory is not asked (no weight, or a blank query)."""
+        if self.memory_weight <= 0 or not query.strip():
+            return 0
         # Ask for more than the slots: hits that duplicate each other, or later fill corpus gaps.
         return max(1, min(_MAX_SEARCH, top_k))
 
-    def _corpus(self, query: str, top_k: int, memory_slots: int) -> list[str]:
+    def _unavailable(self, exc: BackendUnavailable) -> list[str]:
+        """Memory could not be asked: the corpus alone answers, unless the retriever fails closed."""
+        if not self.fail_open:
+            raise exc
+        _LOG.warning("memory unavailable; answering from the corpus only", exc_info=exc)
+        return []
+
+    def _mixed(self, query: str, top_k: int, memory: list[str]) -> list[str]:
+        slots = self.memory_slots(top_k)
         # Ask the corpus for enough to fill its slots even when some of its passages repeat memory hits.
-        return list(self.corpus_retriever(query, top_k + memory_slots))
+        return mix(memory, self.corpus_retriever(query, top_k + slots), top_k, slots)
 
     def retrieve(self, query: str, top_k: int) -> list[str]:
         if not isinstance(self.memory_client, MemoryClient):
             raise TypeError("retrieve() needs a MemoryClient; with an AsyncMemoryClient use aretrieve()")
-        if top_k <= 0:
-            return []
-        slots = self.memory_slots(top_k)
         memory: list[str] = []
-        if self.memory_weight > 0 and query.strip():
+        if top_k > 0 and (limit := self._search_limit(query, top_k)):
             try:
-                found = self.memory_client.search(self.conversation_id, query, self._search_limit(top_k))
-                memory = _contents(found)
-            except BackendUnavailable:
-                if not self.fail_open:
-                    raise
-                _LOG.warning("memory unavailable; answering from the corpus only", exc_info=True)
-        return mix(memory, self._corpus(query, top_k, slots), top_k, slots)
+                memory = _contents(self.memory_client.search(self.conversation_id, query, limit))
+            except BackendUnavailable as exc:
+                memory = self._unavailable(exc)
+        return self._mixed(query, top_k, memory) if top_k > 0 else []
 
     async def aretrieve(self, query: str, top_k: int) -> list[str]:
         if not isinstance(self.memory_client, AsyncMemoryClient):
             raise TypeError("aretrieve() needs an AsyncMemoryClient; with a MemoryClient use retrieve()")
-        if top_k <= 0:
-            return []
-        slots = self.memory_slots(top_k)
         memory: list[str] = []
-        if self.memory_weight > 0 and query.strip():
+        if top_k > 0 and (limit := self._search_limit(query, top_k)):
             try:
-                found = await self.memory_client.search(self.conversation_id, query, self._search_limit(top_k))
-                memory = _contents(found)
-            except BackendUnavailable:
-                if not self.fail_open:
-                    raise
-                _LOG.warning("memory unavailable; answering from the corpus only", exc_info=True)
-        return mix(memory, self._corpus(query, top_k, slots), top_k, slots)
+                memory = _contents(await self.memory_client.search(self.conversation_id, query, limit))
+            except BackendUnavailable as exc:
+                memory = self._unavailable(exc)
+        return self._mixed(query, top_k, memory) if top_k > 0 else []
 
 
 def _contents(found: wire.SearchResponse) -> list[str]:

@@ -7,8 +7,9 @@ chart writes the proxy's and operator's, and the launcher and proxy read them th
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 # --- defaults (DESIGN.md section 3) ---
 DEFAULT_REPLAY_MESSAGES = 40
@@ -17,7 +18,6 @@ DEFAULT_TTL_SECONDS = 24 * 3600
 DEFAULT_LAUNCHER_PORT = 2998
 DEFAULT_SERVE_PORT = 8080
 DEFAULT_AGENT_PORT = 8081
-DEFAULT_BACKEND_ADDR = "ctxmesh-statelayer.ctxmesh.svc:6379"
 DEFAULT_TOKEN_PATH = "/var/run/secrets/sessionmem/token"
 DEFAULT_AUDIENCE = "sessionmem-proxy"
 
@@ -31,7 +31,8 @@ MAX_CONTENT_CHARS = 256 * 1024
 
 # --- pod (launcher) side, written by the operator ---
 PROXY_URL = "SESSIONMEM_PROXY_URL"
-# The operator's direct mode writes it; the launcher ignores it (it always talks to a proxy).
+# Never rendered (there is no direct mode: the launcher always talks to a proxy, and ignores it); named
+# here so that tests can check it stays absent from every workload.
 BACKEND_ADDR = "SESSIONMEM_BACKEND_ADDR"
 TOKEN_PATH = "SESSIONMEM_TOKEN_PATH"
 NAMESPACE = "SESSIONMEM_NAMESPACE"
@@ -145,29 +146,43 @@ class ConfigError(ValueError):
     """A setting is malformed; raised at start-up so a bad pod fails loudly instead of misbehaving."""
 
 
-def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+_N = TypeVar("_N", int, float)
+
+
+def _number(env: Mapping[str, str], name: str, parse: Callable[[str], _N], what: str) -> _N | None:
+    """The variable parsed by ``parse``; None when it is unset or empty."""
     raw = env.get(name)
     if raw is None or raw == "":
-        return default
+        return None
     try:
-        value = int(raw)
+        return parse(raw)
     except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from exc
+        raise ConfigError(f"{name}={raw!r} is not {what}") from exc
+
+
+def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    value = _number(env, name, int, "an integer")
+    if value is None:
+        return default
     if not lo <= value <= hi:
         raise ConfigError(f"{name}={value} is outside [{lo}, {hi}]")
     return value
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
+    value = _number(env, name, float, "a number")
+    if value is None:
         return default
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r} is not a number") from exc
     if value <= 0:
         raise ConfigError(f"{name} must be positive")
+    return value
+
+
+def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str:
+    """One of ``allowed``; unset or empty is the first, the default."""
+    value = env.get(name) or allowed[0]
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} must be " + " or ".join(repr(a) for a in allowed))
     return value
 
 
@@ -237,9 +252,7 @@ class LauncherSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LauncherSettings:
         env = os.environ if env is None else env
-        scope = env.get(SCOPE, "session") or "session"
-        if scope not in ("session", "shared"):
-            raise ConfigError(f"{SCOPE}={scope!r} must be 'session' or 'shared'")
+        scope = _choice(env, SCOPE, ("session", "shared"))
         tokens = _int(env, REPLAY_TOKENS, 0, 0, 10_000_000)
         return cls(
             proxy_url=(env.get(PROXY_URL) or None),
@@ -292,9 +305,7 @@ class ProxySettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProxySettings:
         env = os.environ if env is None else env
         # Fail closed: without an explicit choice the proxy verifies tokens with TokenReview.
-        mode = env.get(AUTH_MODE, "tokenreview") or "tokenreview"
-        if mode not in ("tokenreview", "dev"):
-            raise ConfigError(f"{AUTH_MODE}={mode!r} must be 'tokenreview' or 'dev'")
+        mode = _choice(env, AUTH_MODE, ("tokenreview", "dev"))
         return cls(
             valkey_url=env.get(VALKEY_URL) or "valkey://127.0.0.1:6379/0",
             auth_mode=mode,

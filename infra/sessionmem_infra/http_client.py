@@ -1,9 +1,9 @@
 """A small HTTP/1.1 keep-alive client, asyncio and blocking, for the few peers sessionmem talks to over
-HTTP (the launcher's proxy, agent and summariser; the memory client's launcher), and an in-process
-transport for the proxy's own app in the launcher's direct mode.
+HTTP (the launcher's proxy, agent and summariser; the memory client's launcher).
 
-Both ends of every agent turn's memory path run through here: a general client library costs
-hundreds of microseconds per call and megabytes per process. This one does only what those peers need:
+Both ends of every agent turn's memory path run through here, where a general client library costs
+more time per call and memory per process than the rest of the path (docs/benchmarks.md). This one does
+only what those peers need:
 Content-Length bodies (chunked answers are read too), pooled connections, and one retry on a pooled
 connection the server had already closed (nothing was received, so nothing was processed).
 """

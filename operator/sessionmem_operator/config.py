@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
@@ -193,22 +193,25 @@ def _read_file(path: str | None) -> dict[str, Any]:
     return dict(loaded)
 
 
-def _as_int(name: str, raw: object) -> int:
+_N = TypeVar("_N", int, float)
+
+
+def _as_number(name: str, raw: object, parse: Callable[[str], _N], what: str) -> _N:
+    # YAML's true/false would otherwise read as 1/0.
     if isinstance(raw, bool):
-        raise ConfigError(f"{name}={raw!r} is not an integer")
+        raise ConfigError(f"{name}={raw!r} is not {what}")
     try:
-        return int(str(raw))
+        return parse(str(raw))
     except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from exc
+        raise ConfigError(f"{name}={raw!r} is not {what}") from exc
+
+
+def _as_int(name: str, raw: object) -> int:
+    return _as_number(name, raw, int, "an integer")
 
 
 def _as_float(name: str, raw: object) -> float:
-    if isinstance(raw, bool):
-        raise ConfigError(f"{name}={raw!r} is not a number")
-    try:
-        return float(str(raw))
-    except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r} is not a number") from exc
+    return _as_number(name, raw, float, "a number")
 
 
 def _as_bool(name: str, raw: object) -> bool:

@@ -36,6 +36,7 @@ from sessionmem_core.errors import (
 )
 from sessionmem_core.ids import validate_conversation_id
 from sessionmem_core.keys import Owner, conversation_of, per_user_prefix, session_prefix, shared_prefix
+from sessionmem_proxy.buckets import Rate, TokenBucket
 from sessionmem_proxy.identity import bearer_token
 from sessionmem_proxy.kubeapi import KubeAPI
 from sessionmem_proxy.lifecycle import EXPORT_FIRST_PAGE_ENTRIES, EXPORT_MAX_PAGE_ENTRIES, EXPORT_PAGE_BYTES
@@ -80,28 +81,18 @@ def denial(admin: Administrator, verb: str, namespace: str, name: str | None, re
 
 # Administrators' calls are a person's, at a person's pace: each costs the API server up to three reviews
 # (nothing is cached, so a revoked permission stops at once), so all of them together may start at most
-# ADMIN_CALLS_PER_SECOND (a burst of ADMIN_CALL_BURST); beyond it a caller gets 503 auth_unavailable and
-# the API server is not asked. A flood of garbage tokens on the admin routes costs it no more than that.
-ADMIN_CALLS_PER_SECOND = 10.0
-ADMIN_CALL_BURST = 20
+# ADMIN_RATE; beyond it a caller gets 503 auth_unavailable and the API server is not asked. A flood of
+# garbage tokens on the admin routes costs it no more than that.
+ADMIN_RATE = Rate(per_second=10.0, burst=20)
 
 
 class KubeAdminAuthorizer:
-    def __init__(
-        self,
-        http: httpx.AsyncClient,
-        api: KubeAPI,
-        agent_audience: str,
-        *,
-        calls_per_second: float = ADMIN_CALLS_PER_SECOND,
-        call_burst: int = ADMIN_CALL_BURST,
-    ) -> None:
+    def __init__(self, http: httpx.AsyncClient, api: KubeAPI, agent_audience: str, *, rate: Rate = ADMIN_RATE) -> None:
         self._http = http
         self._api = api
         self._agent_audience = agent_audience
-        self._calls_per_second = calls_per_second
-        self._call_burst = float(call_burst)
-        self._budget, self._budget_at = float(call_burst), time.monotonic()
+        self._rate = rate
+        self._budget = TokenBucket(float(rate.burst), time.monotonic())
         # The administrators' TokenReviews by result (authenticated, rejected; unavailable counts any API
         # call that failed, SubjectAccessReviews included): the proxy's /metrics.
         self.reviews: Counter[str] = Counter()
@@ -136,35 +127,15 @@ class KubeAdminAuthorizer:
         return admin
 
     def _spend(self) -> None:
-        now = time.monotonic()
-        self._budget = min(self._call_burst, self._budget + (now - self._budget_at) * self._calls_per_second)
-        self._budget_at = now
-        if self._budget < 1.0:
+        if self._budget.take(time.monotonic(), self._rate.per_second, self._rate.burst):
             raise AuthUnavailable("too many administration calls: identity checks are rate limited, retry shortly")
-        self._budget -= 1.0
-
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            response = await self._http.post(
-                path,
-                content=orjson.dumps(body),
-                headers={"Authorization": f"Bearer {self._api.bearer()}", "Content-Type": "application/json"},
-            )
-        except (httpx.HTTPError, OSError) as exc:
-            self.reviews["unavailable"] += 1
-            raise AuthUnavailable(f"API server unavailable: {type(exc).__name__}") from exc
-        if response.status_code not in (200, 201):
-            self.reviews["unavailable"] += 1
-            raise AuthUnavailable(f"API server answered HTTP {response.status_code} to {path.rsplit('/', 1)[-1]}")
-        status: dict[str, Any] = orjson.loads(response.content).get("status") or {}
-        return status
 
     async def _token_review(self, token: str, audiences: list[str] | None) -> dict[str, Any]:
         spec: dict[str, Any] = {"token": token}
         if audiences:
             spec["audiences"] = audiences
         review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
-        return await self._post("/apis/authentication.k8s.io/v1/tokenreviews", review)
+        return await self._api.review(self._http, review, self.reviews)
 
     async def _allowed(self, admin: Administrator, verb: str, namespace: str, agent: str | None, resource: str) -> bool:
         attributes = {"group": kube.GROUP, "resource": resource, "subresource": MEMORY_SUBRESOURCE, "verb": verb}
@@ -183,7 +154,7 @@ class KubeAdminAuthorizer:
                 "resourceAttributes": attributes,
             },
         }
-        status = await self._post("/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
+        status = await self._api.review(self._http, review, self.reviews)
         return bool(status.get("allowed")) and not status.get("denied")
 
 

@@ -1,15 +1,20 @@
-"""How the proxy reaches the Kubernetes API server (for TokenReview and registry membership)."""
+"""How the proxy reaches the Kubernetes API server (for TokenReview, SubjectAccessReview and registry
+membership)."""
 
 from __future__ import annotations
 
 import os
 import ssl
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+import orjson
 
 from sessionmem_core.env import ProxySettings
+from sessionmem_core.errors import AuthUnavailable
 
 _INCLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -55,3 +60,23 @@ class KubeAPI:
             raise RuntimeError("no credential for the API server")
         # Re-read on every call: the kubelet rotates the proxy's own projected token.
         return Path(self.token_path).read_text().strip()
+
+    async def review(self, http: httpx.AsyncClient, review: dict[str, Any], failures: Counter[str]) -> dict[str, Any]:
+        """POST a review (a TokenReview, a SubjectAccessReview) with ``http`` and answer its ``status``.
+        An API server that cannot be reached, or answers other than 200/201, is AuthUnavailable (a typed
+        503, never a pass), counted under 'unavailable' in ``failures``."""
+        group_version, kind = review["apiVersion"], review["kind"]
+        try:
+            response = await http.post(
+                f"/apis/{group_version}/{kind.lower()}s",
+                content=orjson.dumps(review),
+                headers={"Authorization": f"Bearer {self.bearer()}", "Content-Type": "application/json"},
+            )
+        except (httpx.HTTPError, OSError) as exc:
+            failures["unavailable"] += 1
+            raise AuthUnavailable(f"{kind} unavailable: {type(exc).__name__}") from exc
+        if response.status_code not in (200, 201):
+            failures["unavailable"] += 1
+            raise AuthUnavailable(f"{kind} answered HTTP {response.status_code}")
+        status: dict[str, Any] = orjson.loads(response.content).get("status") or {}
+        return status

@@ -44,6 +44,7 @@ from sessionmem_core import env, kube
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import RateLimited
 from sessionmem_core.keys import Owner
+from sessionmem_proxy.buckets import TokenBucket
 from sessionmem_proxy.store import WRITE_LIMITS, StorageLimits, UsageLedger, refusal
 
 # Operations that store something, and so are checked against the storage quota.
@@ -176,12 +177,6 @@ class KubeAgentLimits:
         return self._defaults.overridden(quota, per_user)
 
 
-@dataclass(slots=True)
-class _Bucket:
-    tokens: float
-    at: float
-
-
 class Quotas:
     """``admit`` runs before every operation, once the caller and the key are known."""
 
@@ -191,8 +186,8 @@ class Quotas:
         self._limits = limits
         self._ledger = ledger
         self._clock = clock
-        self._buckets: dict[Owner, _Bucket] = {}
-        self._transfers: dict[Owner, _Bucket] = {}
+        self._buckets: dict[Owner, TokenBucket] = {}
+        self._transfers: dict[Owner, TokenBucket] = {}
         self._streams: dict[Owner, int] = {}
 
     async def policy_of(self, owner: Owner) -> QuotaLimits:
@@ -222,8 +217,7 @@ class Quotas:
             return
         limits = await self._limits.limits_of(owner)
         bucket.tokens -= size
-        self._refill(bucket, limits.bytes_per_second, limits.bytes_burst)
-        if bucket.tokens < 0:
+        if bucket.refill(self._clock(), limits.bytes_per_second, limits.bytes_burst) < 0:
             await asyncio.sleep(-bucket.tokens / limits.bytes_per_second)
 
     def open_stream(self, owner: Owner) -> Callable[[], None]:
@@ -253,19 +247,13 @@ class Quotas:
         if bucket is None:
             if len(self._transfers) >= _REMEMBERED:
                 self._transfers.clear()
-            bucket = self._transfers[owner] = _Bucket(limits.bytes_burst, self._clock())
+            bucket = self._transfers[owner] = TokenBucket(limits.bytes_burst, self._clock())
             return
-        self._refill(bucket, limits.bytes_per_second, limits.bytes_burst)
-        if bucket.tokens < 0:
+        if bucket.refill(self._clock(), limits.bytes_per_second, limits.bytes_burst) < 0:
             wait = -bucket.tokens / limits.bytes_per_second
             raise RateLimited(
                 f"{owner.author} is over its transfer rate of {limits.bytes_per_second:g} bytes/s", math.ceil(wait)
             )
-
-    def _refill(self, bucket: _Bucket, rate: float, burst: float) -> None:
-        now = self._clock()
-        bucket.tokens = min(burst, bucket.tokens + (now - bucket.at) * rate)
-        bucket.at = now
 
     def _take_token(self, owner: Owner, limits: QuotaLimits) -> None:
         now = self._clock()
@@ -273,15 +261,12 @@ class Quotas:
         if bucket is None:
             if len(self._buckets) >= _REMEMBERED:
                 self._buckets.clear()
-            bucket = self._buckets[owner] = _Bucket(float(limits.burst), now)
-        bucket.tokens = min(float(limits.burst), bucket.tokens + (now - bucket.at) * limits.requests_per_second)
-        bucket.at = now
-        if bucket.tokens < 1.0:
-            wait = (1.0 - bucket.tokens) / limits.requests_per_second
+            bucket = self._buckets[owner] = TokenBucket(float(limits.burst), now)
+        wait = bucket.take(now, limits.requests_per_second, float(limits.burst))
+        if wait:
             raise RateLimited(
                 f"{owner.author} is over its rate of {limits.requests_per_second:g} requests/s", math.ceil(wait)
             )
-        bucket.tokens -= 1.0
 
     async def _check_storage(self, limits: QuotaLimits, key: str) -> None:
         ledger = self._ledger

@@ -8,8 +8,8 @@ caller-supplied pattern runs on the proxy.
 Every pattern runs on RE2 (``google-re2``): time linear in the input, whatever the input, so a hostile
 turn cannot stall the proxy the way a backtracking engine can (an e-mail pattern over ``a@a.a.a...`` is
 quadratic there). Custom patterns RE2 cannot compile (backreferences, lookaround) are refused at start
-with a ConfigError naming them. A batch large enough to take over about a millisecond is redacted in a
-worker thread (``Redaction.apply``), off the event loop.
+with a ConfigError naming them. A large batch is redacted in a worker thread (``Redaction.apply``), off
+the event loop.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from sessionmem_core.errors import InvalidRequest
 
 Redactor = Callable[[str], str]
 
-# Texts adding up to more characters than this are redacted in a worker thread; under it a pass costs well
-# under a millisecond and a thread hop would cost more than it saves.
+# Texts adding up to more characters than this are redacted in a worker thread; under it a pass is cheap
+# enough that a thread hop would cost more than it saves.
 OFF_LOOP_CHARS: Final = 8 * 1024
 
 
@@ -48,7 +48,8 @@ _CARD = _compile(rb"(?:^|[^\p{Nd}])(\p{Nd}(?:[ -]?\p{Nd}){12,18})(?:[^\p{Nd}]|$)
 _NOT_DIGIT = re.compile(r"\D")
 
 
-def _luhn_ok(digits: str) -> bool:
+def luhn_ok(digits: str) -> bool:
+    """Whether a card number's digits pass the Luhn checksum (a number that fails is not redacted)."""
     total = 0
     for i, ch in enumerate(reversed(digits)):
         d = int(ch)
@@ -91,7 +92,7 @@ def _redact_emails(text: str) -> str:
 
 def _redact_cards(text: str) -> str:
     def replace(found: str) -> str | None:
-        return "[redacted:card]" if _luhn_ok(_NOT_DIGIT.sub("", found)) else None
+        return "[redacted:card]" if luhn_ok(_NOT_DIGIT.sub("", found)) else None
 
     return _substitute(_CARD, text, replace, group=1)
 
@@ -160,8 +161,8 @@ class Redaction:
 
     @staticmethod
     async def apply(redactor: Redactor, texts: Sequence[str]) -> list[str]:
-        """``redactor`` over ``texts``: in a worker thread when they are large enough to hold the event loop
-        for more than about a millisecond, inline otherwise."""
+        """``redactor`` over ``texts``: in a worker thread when they add up to more than ``OFF_LOOP_CHARS``
+        (long enough to hold up the event loop), inline otherwise."""
         if sum(len(text) for text in texts) <= OFF_LOOP_CHARS:
             return [redactor(text) for text in texts]
         return await asyncio.to_thread(lambda: [redactor(text) for text in texts])

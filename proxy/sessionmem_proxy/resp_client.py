@@ -6,7 +6,7 @@ valkey-py's asyncio client (used before, and still used for a Valkey Cluster) gi
 pooled connection, a write and a read of its own, and several timeouts; that cost the proxy more CPU per
 request than the rest of the request together (docs/benchmarks.md). Here the RESP parsing stays a
 library's (libvalkey, valkey-py's own C parser) and the exceptions are valkey-py's; what this module owns
-is connection handling, tested in tests/test_resp_client.py against a real valkey-server.
+is connection handling, tested in tests/proxy/test_resp_client.py against a real valkey-server.
 
 Isolation, so that one tenant's slow command never fails another's request:
 

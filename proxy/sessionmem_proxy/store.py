@@ -5,8 +5,6 @@ so reads can return the stored bytes as they are and the scripts can find an ent
 without a JSON decoder. ``v`` is the conversation version the entry was written at; the version of a
 conversation is the ``v`` of its newest entry. Every append adds one to it, so it keeps moving after the
 cap trims old entries (an entry count would stop at the cap).
-
-Used by the proxy, and by a launcher configured to talk to Valkey directly (no proxy).
 """
 
 from __future__ import annotations
@@ -44,15 +42,19 @@ RETRY_CHUNK_ENTRIES = 16
 
 # The conversation scripts are Lua functions, so the same code runs alone (one key: any deployment) or
 # together with the storage accounting in one script (standalone Valkey, where a script may touch keys of
-# any slot): see ``ConversationStore``.
+# any slot): see ``ConversationStore`` and ``_scripts``. Each write function takes its key and where its
+# arguments start in ARGV, and answers its reply, then how the accounting counts it: 'add' or 'set', the
+# bytes and the TTL; or its reply alone when it wrote nothing.
 
-# append(key, cap, ttl, window entries, window bytes, chunk, first): ARGV from ``first`` on holds
+# append(key, a): ARGV from ``a`` on holds cap, ttl, window entries, window bytes, chunk, then
 # (id, client?, rest) triples, client? '1' when the id came from the client (a minted id cannot be a
 # retry). Each entry is judged on its own: an id already stored in the retry window, or earlier in the
 # same batch, is skipped; the rest are stored. Answers {version, stored, length, duplicate ids, bytes
 # added (net of what the cap trimmed), 1 when the conversation was new}.
 _APPEND_FUNCTION = """
-local function append(key, cap, ttl, window, window_bytes, max_chunk, first)
+local function append(key, a)
+  local cap, ttl, window = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local window_bytes, max_chunk, first = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), a + 5
   local tail = redis.call('LINDEX', key, -1)
   local v = 0
   if tail then v = tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) or 0 end
@@ -109,14 +111,15 @@ local function append(key, cap, ttl, window, window_bytes, max_chunk, first)
     length = cap
   end
   redis.call('EXPIRE', key, ttl)
-  return {v, #batch, length, duplicates, added, tail and 0 or 1}
+  return {v, #batch, length, duplicates, added, tail and 0 or 1}, tail and 'add' or 'set', added, ttl
 end
 """
 
-# replace(key, expected version or '*', cap, ttl, first): ARGV from ``first`` on holds (id, rest) pairs.
-# Answers {version, stored, bytes stored}, or {-1, current version, 0} when the version does not match.
+# replace(key, a): ARGV from ``a`` on holds the expected version ('*' for any), cap, ttl, then (id, rest)
+# pairs. Answers {version, stored, bytes stored}, or {-1, current version, 0} when the version does not match.
 _REPLACE_FUNCTION = """
-local function replace(key, expected, cap, ttl, first)
+local function replace(key, a)
+  local expected, cap, ttl, first = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), a + 3
   local tail = redis.call('LINDEX', key, -1)
   local v = 0
   if tail then v = tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) or 0 end
@@ -135,7 +138,7 @@ local function replace(key, expected, cap, ttl, first)
   local kept = math.min(#batch, cap)
   local size = 0
   for i = #batch - kept + 1, #batch do size = size + #batch[i] end
-  return {v, kept, size}
+  return {v, kept, size}, 'set', size, ttl
 end
 """
 
@@ -207,59 +210,30 @@ local function usage_admit(expiries, sizes, field, max_conversations, max_bytes)
 end
 """
 
-# Append alone: KEYS = the conversation; ARGV = cap, ttl, window entries, window bytes, chunk, triples.
-_APPEND = (
-    _APPEND_FUNCTION
-    + """
-return append(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]),
-  tonumber(ARGV[5]), 6)
-"""
-)
-
-# Append with its accounting, one atomic step: KEYS = the conversation, expiries, sizes; ARGV = max
-# conversations, max bytes, then as for _APPEND. Answers as append, plus the verdict (0: admitted; 1 or
-# 2: refused, nothing written).
-_APPEND_COUNTED = (
-    _USAGE_FUNCTIONS
-    + _APPEND_FUNCTION
-    + """
-local now, verdict = usage_admit(KEYS[2], KEYS[3], KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]))
-if verdict ~= 0 then return {0, 0, 0, {}, 0, 0, verdict} end
-local ttl = tonumber(ARGV[4])
-local r = append(KEYS[1], tonumber(ARGV[3]), ttl, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), 8)
-if r[2] > 0 then
-  usage_apply(KEYS[2], KEYS[3], KEYS[1], r[6] == 1 and 'set' or 'add', r[5], ttl, now)
+# counted(write): a write behind its quota check and with its accounting, one atomic step. KEYS = the
+# conversation, expiries, sizes; ARGV = max conversations, max bytes, then the write's own arguments.
+# Answers {0, the write's reply}, or {verdict} when refused (1 or 2: nothing written).
+_COUNTED_FUNCTION = """
+local function counted(write)
+  local now, verdict = usage_admit(KEYS[2], KEYS[3], KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]))
+  if verdict ~= 0 then return {verdict} end
+  local reply, op, bytes, ttl = write(KEYS[1], 3)
+  if op then usage_apply(KEYS[2], KEYS[3], KEYS[1], op, bytes, ttl, now) end
+  usage_settle(KEYS[2], KEYS[3])
+  return {0, reply}
 end
-usage_settle(KEYS[2], KEYS[3])
-r[7] = 0
-return r
 """
-)
 
-# Replace (seed) alone: ARGV = expected version ('*' for any), cap, ttl, then (id, rest) pairs.
-_REPLACE = (
-    _REPLACE_FUNCTION
-    + """
-return replace(KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), 4)
-"""
-)
 
-# Replace with its accounting: KEYS = the conversation, expiries, sizes; ARGV = max conversations, max
-# bytes, then as for _REPLACE. Answers as replace, plus the verdict.
-_REPLACE_COUNTED = (
-    _USAGE_FUNCTIONS
-    + _REPLACE_FUNCTION
-    + """
-local now, verdict = usage_admit(KEYS[2], KEYS[3], KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]))
-if verdict ~= 0 then return {0, 0, 0, verdict} end
-local ttl = tonumber(ARGV[5])
-local r = replace(KEYS[1], ARGV[3], tonumber(ARGV[4]), ttl, 6)
-if r[1] >= 0 then usage_apply(KEYS[2], KEYS[3], KEYS[1], 'set', r[3], ttl, now) end
-usage_settle(KEYS[2], KEYS[3])
-r[4] = 0
-return r
-"""
-)
+def _scripts(function: str, name: str) -> tuple[str, str]:
+    """A write's two scripts: alone (KEYS = the conversation; its arguments from ARGV[1]), answering its
+    reply; and counted (``counted`` above)."""
+    alone = function + f"local reply = {name}(KEYS[1], 1)\nreturn reply\n"
+    return alone, _USAGE_FUNCTIONS + _COUNTED_FUNCTION + function + f"return counted({name})\n"
+
+
+_APPEND, _APPEND_COUNTED = _scripts(_APPEND_FUNCTION, "append")
+_REPLACE, _REPLACE_COUNTED = _scripts(_REPLACE_FUNCTION, "replace")
 
 # The accounting alone (a Cluster, where it cannot share a script with the conversation): KEYS =
 # expiries, sizes; ARGV = op ('reserve' max-conversations max-bytes | 'add' bytes ttl | 'set' bytes ttl |
@@ -491,36 +465,25 @@ class ConversationStore:
     def __init__(self, client: ValkeyLike, ledger: UsageLedger | None = None) -> None:
         self._client = client
         self.ledger = ledger
-        self._append = client.register_script(_APPEND)
-        self._replace = client.register_script(_REPLACE)
-        self._delete = client.register_script(_DELETE)
+        # With a ledger on a standalone Valkey every write runs its counted script, otherwise its plain one.
+        self._counted = ledger is not None and ledger.atomic
+        counted = self._counted
+        self._append = client.register_script(_APPEND_COUNTED if counted else _APPEND)
+        self._replace = client.register_script(_REPLACE_COUNTED if counted else _REPLACE)
+        self._delete = client.register_script(_DELETE_COUNTED if counted else _DELETE)
         self._info = client.register_script(_INFO)
         self._read_with_summary = client.register_script(_READ_WITH_SUMMARY)
-        self._counted = ledger is not None and ledger.atomic
-        if self._counted:
-            self._append_counted = client.register_script(_APPEND_COUNTED)
-            self._replace_counted = client.register_script(_REPLACE_COUNTED)
-            self._delete_counted = client.register_script(_DELETE_COUNTED)
 
     async def append(
         self, key: str, entries: Sequence[NewEntry], author: str, cap: int, ttl_seconds: int
     ) -> AppendResult:
-        args = append_args(entries, author, cap, ttl_seconds)
-        if self._counted:
-            max_conversations, max_bytes = _write_limits(key)
-            reply = await self._guard(
-                self._append_counted(keys=[key, *_usage_keys_of(key)], args=[max_conversations, max_bytes, *args])
+        reply = await self._write(self._append, key, append_args(entries, author, cap, ttl_seconds))
+        version, stored, length, duplicates, added, created = reply
+        if self.ledger is not None and not self._counted and int(stored):
+            size, ledger = int(added), self.ledger
+            await self._account(
+                ledger.sized(key, size, ttl_seconds) if created else ledger.added(key, size, ttl_seconds)
             )
-            if int(reply[6]):
-                raise refusal(int(reply[6]), max_conversations, max_bytes)
-            version, stored, length, duplicates, added, created = reply[:6]
-        else:
-            version, stored, length, duplicates, added, created = await self._call(self._append, key, args)
-            if self.ledger is not None and int(stored):
-                size, ledger = int(added), self.ledger
-                await self._account(
-                    ledger.sized(key, size, ttl_seconds) if created else ledger.added(key, size, ttl_seconds)
-                )
         return AppendResult(
             version=int(version),
             stored=int(stored),
@@ -574,16 +537,7 @@ class ConversationStore:
     ) -> AppendResult:
         expected = "*" if expected_version is None else str(expected_version)
         args: list[Any] = [expected, cap, ttl_seconds, *_entry_args(entries, author, _now_ms())]
-        if self._counted:
-            max_conversations, max_bytes = _write_limits(key)
-            reply = await self._guard(
-                self._replace_counted(keys=[key, *_usage_keys_of(key)], args=[max_conversations, max_bytes, *args])
-            )
-            if int(reply[3]):
-                raise refusal(int(reply[3]), max_conversations, max_bytes)
-            version, stored, size = reply[:3]
-        else:
-            version, stored, size = await self._call(self._replace, key, args)
+        version, stored, size = await self._write(self._replace, key, args)
         if int(version) < 0:
             raise VersionConflict(f"conversation is at version {stored}, not {expected_version}")
         if self.ledger is not None and not self._counted:
@@ -592,8 +546,7 @@ class ConversationStore:
 
     async def delete(self, key: str) -> int:
         if self._counted:
-            removed = await self._guard(self._delete_counted(keys=[key, *_usage_keys_of(key)], args=[]))
-            return int(removed)
+            return int(await self._guard(self._delete(keys=[key, *_usage_keys_of(key)], args=[])))
         removed = await self._call(self._delete, key, [])
         if self.ledger is not None:
             await self._account(self.ledger.forget(key))
@@ -613,6 +566,17 @@ class ConversationStore:
 
     async def _call(self, script: Any, key: str, args: list[Any]) -> Any:
         return await self._guard(script(keys=[key], args=args))
+
+    async def _write(self, script: Any, key: str, args: list[Any]) -> Any:
+        """The reply of a write script; a counted one runs behind the request's storage quota
+        (``WRITE_LIMITS``), a refusal raised as the typed QuotaExceeded with nothing written."""
+        if not self._counted:
+            return await self._call(script, key, args)
+        max_conversations, max_bytes = _write_limits(key)
+        reply = await self._guard(script(keys=[key, *_usage_keys_of(key)], args=[max_conversations, max_bytes, *args]))
+        if int(reply[0]):
+            raise refusal(int(reply[0]), max_conversations, max_bytes)
+        return reply[1]
 
     @staticmethod
     async def _guard(awaitable: Any) -> Any:

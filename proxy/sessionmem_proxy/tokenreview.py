@@ -12,7 +12,6 @@ import base64
 import hashlib
 import time
 from collections import Counter, OrderedDict
-from typing import Any
 
 import httpx
 import orjson
@@ -20,6 +19,7 @@ import orjson
 from sessionmem_core import kube
 from sessionmem_core.errors import AuthUnavailable, Forbidden, InvalidRequest, SessionMemError, Unauthenticated
 from sessionmem_core.keys import Owner
+from sessionmem_proxy.buckets import Rate, TokenBucket
 from sessionmem_proxy.identity import AgentIdentity
 from sessionmem_proxy.kubeapi import KubeAPI
 
@@ -33,8 +33,7 @@ _EXPIRY_MARGIN_SECONDS = 30.0
 NEGATIVE_CACHE_SECONDS = 10.0
 CACHE_SIZE = 10_000
 # API calls for tokens not in the cache, per second and in a burst (one budget per source; see below).
-REVIEWS_PER_SECOND = 50.0
-REVIEW_BURST = 100
+REVIEW_RATE = Rate(per_second=50.0, burst=100)
 # The pod a projected token is bound to, as TokenReview reports it.
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
@@ -59,7 +58,7 @@ class TokenReviewAuthenticator:
     - single flight: concurrent requests with one unknown token wait on one API call;
     - a token bucket on API calls for unknown tokens, one per source (the client address, when the serving
       layer passes ``source``; else one global budget): a flood of garbage tokens costs the API server at
-      most ``reviews_per_second``, answered 503 (auth unavailable) beyond it, while cached tokens keep
+      most ``rate``, answered 503 (auth unavailable) beyond it, while cached tokens keep
       working;
     - a projected token must be bound to a pod (TokenReview's ``pod-name`` and ``pod-uid`` extras): a
       ServiceAccount token that is not (a long-lived Secret token, a TokenRequest without a pod) is a 401.
@@ -74,8 +73,7 @@ class TokenReviewAuthenticator:
         max_cache_seconds: float = MAX_CACHE_SECONDS,
         negative_cache_seconds: float = NEGATIVE_CACHE_SECONDS,
         cache_size: int = CACHE_SIZE,
-        reviews_per_second: float = REVIEWS_PER_SECOND,
-        review_burst: int = REVIEW_BURST,
+        rate: Rate = REVIEW_RATE,
         require_pod_binding: bool = True,
     ) -> None:
         self._http = http
@@ -84,12 +82,11 @@ class TokenReviewAuthenticator:
         self._max_cache_seconds = max_cache_seconds
         self._negative_cache_seconds = negative_cache_seconds
         self._cache_size = cache_size
-        self._reviews_per_second = reviews_per_second
-        self._review_burst = review_burst
+        self._rate = rate
         self._require_pod_binding = require_pod_binding
         self._cache: OrderedDict[bytes, tuple[float, AgentIdentity | SessionMemError]] = OrderedDict()
         self._inflight: dict[bytes, asyncio.Future[AgentIdentity]] = {}
-        self._budgets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._budgets: OrderedDict[str, TokenBucket] = OrderedDict()
         self.api_calls = 0
         # TokenReview calls by result (authenticated, rejected, unavailable): the proxy's /metrics.
         self.reviews: Counter[str] = Counter()
@@ -141,12 +138,11 @@ class TokenReviewAuthenticator:
             self._cache.popitem(last=False)
 
     def _spend(self, source: str, now: float) -> None:
-        tokens, at = self._budgets.get(source, (float(self._review_burst), now))
-        tokens = min(float(self._review_burst), tokens + (now - at) * self._reviews_per_second)
-        if tokens < 1.0:
-            self._budgets[source] = (tokens, now)
+        bucket = self._budgets.get(source)
+        if bucket is None:
+            bucket = self._budgets[source] = TokenBucket(float(self._rate.burst), now)
+        if bucket.take(now, self._rate.per_second, self._rate.burst):
             raise AuthUnavailable("too many unknown tokens: identity checks are rate limited, retry shortly")
-        self._budgets[source] = (tokens - 1.0, now)
         self._budgets.move_to_end(source)
         while len(self._budgets) > self._cache_size:
             self._budgets.popitem(last=False)
@@ -158,19 +154,7 @@ class TokenReviewAuthenticator:
             "kind": "TokenReview",
             "spec": {"token": token, "audiences": [self._audience]},
         }
-        try:
-            response = await self._http.post(
-                "/apis/authentication.k8s.io/v1/tokenreviews",
-                content=orjson.dumps(review),
-                headers={"Authorization": f"Bearer {self._api.bearer()}", "Content-Type": "application/json"},
-            )
-        except (httpx.HTTPError, OSError) as exc:
-            self.reviews["unavailable"] += 1
-            raise AuthUnavailable(f"TokenReview unavailable: {type(exc).__name__}") from exc
-        if response.status_code != 201 and response.status_code != 200:
-            self.reviews["unavailable"] += 1
-            raise AuthUnavailable(f"TokenReview answered HTTP {response.status_code}")
-        status: dict[str, Any] = orjson.loads(response.content).get("status", {})
+        status = await self._api.review(self._http, review, self.reviews)
         self.reviews["authenticated" if status.get("authenticated") else "rejected"] += 1
         if not status.get("authenticated"):
             raise Unauthenticated("token rejected: " + str(status.get("error", "not authenticated"))[:200])

@@ -34,7 +34,7 @@ def proxy(valkey: ValkeyProcess) -> Iterator[ServiceProcess]:
             env.BODY_TIMEOUT_SECONDS: str(BODY_TIMEOUT_SECONDS),
             env.MAX_CONNECTIONS: str(MAX_IN_FLIGHT),
             # The export tests move hundreds of MiB for one agent: its transfer rate is not what they test
-            # (tests/test_quotas.py and tests/adversarial/test_tenant_fairness.py are).
+            # (tests/proxy/test_quotas.py and tests/adversarial/test_tenant_fairness.py are).
             env.QUOTA_BYTES_PER_SECOND: str(1 << 40),
             "SESSIONMEM_PROXY_WORKERS": "1",
         },

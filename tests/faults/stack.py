@@ -49,7 +49,7 @@ def proxy_process(valkey_url: str, port: int | None = None, **extra: str) -> Ser
             env.AUTH_MODE: "dev",
             env.PROXY_HOST: "127.0.0.1",
             env.PROXY_PORT: str(port),
-            # Load tests drive one agent far past a tenant's default rate; tests/test_quotas.py covers it.
+            # Load tests drive one agent far past a tenant's default rate; tests/proxy/test_quotas.py covers it.
             env.QUOTA_REQUESTS_PER_SECOND: "1000000",
             env.QUOTA_BURST: "1000000",
             env.QUOTA_BYTES_PER_SECOND: str(1 << 40),

@@ -7,7 +7,6 @@ A control plane of its own (its API server gets restarted), not the session's sh
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ import pytest
 from sessionmem_core import env, kube
 from tests.faults.kube import OperatorProcess, RestartableKubeCluster
 from tests.harness import KubeApiError, KubeRestClient, knative_crd_paths, repo_crd_paths
+from tests.support.polling import poll
 
 pytestmark = pytest.mark.integration
 
@@ -30,15 +30,7 @@ T = TypeVar("T")
 
 
 def wait_for(probe: Callable[[], T | None], what: str, timeout: float = CONVERGE_SECONDS) -> T:
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError, KubeApiError):
-            last = probe()
-            if last:
-                return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r:.1500})")
+    return poll(probe, what, timeout, tolerate=(httpx.HTTPError, KubeApiError))
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.chart.test_lint import CHART, render
 from tests.kubectl.conftest import AGENT, MemoryWorld
-from tests.test_chart_lint import CHART, render
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube, pytest.mark.valkey]
 

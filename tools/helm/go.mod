@@ -1,5 +1,5 @@
-// Build-only module: pins the helm CLI used by the chart tests (tests/test_chart_lint.py,
-// tests/integration/test_chart.py). Only a fallback: ensure-helm.sh first takes the same helm
+// Build-only module: pins the helm CLI used by the chart tests (tests/chart/test_lint.py,
+// tests/chart/test_install.py). Only a fallback: ensure-helm.sh first takes the same helm
 // release from an npm package, and builds it from this module when that is not possible.
 module sessionmem.local/tools/helm
 

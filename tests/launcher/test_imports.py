@@ -72,7 +72,7 @@ def test_a_launcher_that_started_and_forwarded_a_call_loaded_none_either() -> No
 def test_no_launcher_module_imports_the_proxy() -> None:
     # The launcher knows the proxy by its HTTP API only (issue #21): checked in the source, so an import
     # inside a function or under TYPE_CHECKING is caught too ...
-    root = Path(__file__).resolve().parents[1] / "launcher"
+    root = Path(__file__).resolve().parents[2] / "launcher"
     found = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _collected(*args: str) -> set[str]:
@@ -21,13 +21,13 @@ def _collected(*args: str) -> set[str]:
 
 
 def test_markers_follow_the_fixtures_and_folders_a_test_uses() -> None:
-    files = ["tests/test_capability.py", "tests/test_proxy.py", "tests/integration/test_admin_authority.py",
+    files = ["tests/core/test_capability.py", "tests/proxy/test_proxy.py", "tests/proxy/test_admin_authority.py",
              "tests/adversarial/test_limits.py"]  # fmt: skip
     valkey = _collected("-m", "valkey", *files)
     kube = _collected("-m", "kube", *files)
     faults = _collected("-m", "faults", *files)
-    assert any(t.startswith("tests/test_proxy.py::") for t in valkey)
+    assert any(t.startswith("tests/proxy/test_proxy.py::") for t in valkey)
     assert any(t.startswith("tests/adversarial/test_limits.py::") for t in valkey)
-    assert not any(t.startswith("tests/test_capability.py::") for t in valkey | kube | faults)
-    assert kube and all(t.startswith("tests/integration/test_admin_authority.py::") for t in kube)
+    assert not any(t.startswith("tests/core/test_capability.py::") for t in valkey | kube | faults)
+    assert kube and all(t.startswith("tests/proxy/test_admin_authority.py::") for t in kube)
     assert faults and all(t.startswith("tests/adversarial/") for t in faults)

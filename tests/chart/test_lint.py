@@ -38,7 +38,7 @@ from sessionmem_proxy.store import ConversationStore, NewEntry, UsageLedger
 from sessionmem_proxy.valkey_client import cluster_seeds, connect
 from tests.support.valkey import valkey_server_binary
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "sessionmem"
 PRODUCTION = CHART / "values-production.yaml"
 ENSURE_HELM = REPO / "tools" / "helm" / "ensure-helm.sh"
@@ -55,7 +55,7 @@ Doc = dict[str, Any]
 CHART_ONLY_ENV = {"VALKEY_PASSWORD", "VALKEY_USER"}
 
 
-# ---- helpers (also used by tests/integration/test_chart.py) ------------------------------------------
+# ---- helpers (also used by tests/chart/test_install.py) ------------------------------------------
 
 
 @functools.cache

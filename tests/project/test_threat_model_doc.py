@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "threat-model.md"
 # `file.py` or `file.py::test_name` (a trailing ... abbreviates a name shown in full elsewhere in the doc).
 _REFERENCE = re.compile(r"`((?:[a-z_]+/)?test_[a-z0-9_]+\.py|(?:[a-z_]+/)?[a-z_]+\.py)(?:::([A-Za-z0-9_]+)(\.\.\.)?)?`")

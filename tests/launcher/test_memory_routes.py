@@ -25,8 +25,8 @@ from sessionmem_core.errors import (
 )
 from sessionmem_launcher.server import Launcher, serve_in_background
 from tests.conftest import launcher_settings
+from tests.support.conversations import exchange
 from tests.support.processes import ServiceProcess
-from tests.test_proxy import exchange
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

@@ -8,7 +8,6 @@ developer's operator would be. Every wait is a bounded poll.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +19,7 @@ from kopf.testing import KopfRunner
 from sessionmem_core import env, kube
 from tests.harness import KubeApiError, KubeTestCluster
 from tests.harness.operator import run_operator
+from tests.support.polling import poll
 
 pytestmark = pytest.mark.integration
 
@@ -36,14 +36,7 @@ T = TypeVar("T")
 
 def wait_for(probe: Callable[[], T | None], what: str, timeout: float = WAIT_SECONDS) -> T:
     """Poll `probe` until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r:.2000})")
+    return poll(probe, what, timeout)
 
 
 # How the module's operator is configured: what the chart would tell it about its proxy.

@@ -19,7 +19,6 @@ import signal
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,11 +29,7 @@ import yaml
 
 from sessionmem_core import env, kube
 from sessionmem_operator.config import OperatorConfig
-from tests.harness import KubeApiError, KubeTestCluster
-from tests.harness.fixtures import namespace_name_for
-from tests.support.kube_tokens import agent_pod_token
-from tests.support.processes import ServiceProcess
-from tests.test_chart_lint import (
+from tests.chart.test_lint import (
     CHART,
     EXAMPLE,
     PRODUCTION,
@@ -49,6 +44,11 @@ from tests.test_chart_lint import (
     resolved_env,
     run_helm,
 )
+from tests.harness import KubeApiError, KubeTestCluster
+from tests.harness.fixtures import namespace_name_for
+from tests.support.kube_tokens import agent_pod_token
+from tests.support.polling import poll
+from tests.support.processes import ServiceProcess
 
 pytestmark = pytest.mark.integration
 
@@ -60,14 +60,7 @@ T = TypeVar("T")
 
 
 def wait_for(probe: Callable[[], T | None], what: str, timeout: float = WAIT_SECONDS) -> T:
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r:.2000})")
+    return poll(probe, what, timeout)
 
 
 class Release:

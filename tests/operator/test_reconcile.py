@@ -22,7 +22,7 @@ from sessionmem_operator.reconcile import (
     resync_all,
     workload_changed,
 )
-from tests.unit.test_operator_render import UID, as_stored, design_manifest
+from tests.operator.test_render import UID, as_stored, design_manifest
 
 LOG = logging.getLogger("test")
 CONFIG = OperatorConfig(proxy_url="http://proxy:8000")

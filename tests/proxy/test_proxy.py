@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from urllib.parse import quote
 
 import httpx
 import orjson
@@ -12,34 +11,12 @@ import pytest
 
 from sessionmem_core.devauth import dev_token
 from sessionmem_core.keys import Owner, session_key, shared_key
+from tests.support.conversations import BAD_IDS, exchange
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
 AUTH = {"Authorization": f"Bearer {dev_token(OWNER.namespace, OWNER.agent)}"}
-
-# Every class of bad conversation id the rule rejects, as it appears in a URL path.
-BAD_IDS = {
-    "empty": "",
-    "129 characters": "x" * 129,
-    "slash": "a/b",
-    "colon": "a:b",
-    "space": quote("a b"),
-    "tab": quote("a\tb"),
-    "newline": quote("a\nb"),
-    "control character": quote("a\x01b"),
-    "DEL": quote("a\x7fb"),
-    "dot segment": "%2E%2E",
-}
-
-
-def exchange(turn: str, user: str = "hi", assistant: str = "hello") -> dict[str, object]:
-    return {
-        "entries": [
-            {"role": "user", "content": user, "id": f"{turn}-u"},
-            {"role": "assistant", "content": assistant, "id": f"{turn}-a"},
-        ]
-    }
 
 
 async def test_64_concurrent_writers_never_interleave_and_keep_the_last_500(

@@ -4,7 +4,6 @@ namespaced operator whose registry lists an agent it may not touch. Every wait i
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,6 +15,7 @@ from sessionmem_core import env, kube
 from tests.harness import KubeTestCluster
 from tests.harness.fixtures import namespace_name_for
 from tests.harness.operator import run_operator
+from tests.support.polling import poll
 
 pytestmark = pytest.mark.integration
 
@@ -27,14 +27,7 @@ T = TypeVar("T")
 
 
 def wait_for(probe: Callable[[], T | None], what: str, timeout: float = WAIT_SECONDS) -> T:
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r:.2000})")
+    return poll(probe, what, timeout)
 
 
 def seed_manifest(namespace: str, name: str = "support-agent", **spec: Any) -> dict[str, Any]:

@@ -28,10 +28,10 @@ from sessionmem_core.capability import mint_capability, new_key
 from sessionmem_core.keys import Owner, session_key, session_prefix
 from sessionmem_demo.agent import read_body
 from sessionmem_launcher.server import Launcher, serve_in_background
+from tests.client.test_docs import EXAMPLES, NOT_RUN
 from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess, dev_proxy
 from tests.support.valkey import ValkeyProcess
-from tests.test_client_docs import EXAMPLES, NOT_RUN
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
 

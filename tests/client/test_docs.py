@@ -17,7 +17,7 @@ import pytest
 from sessionmem_core import env
 from sessionmem_launcher.server import Launcher
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "client.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "client.md"
 NOT_RUN = "# (not run"
 _FENCE = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _HEADING = re.compile(r"^## (.+)$", re.MULTILINE)
@@ -45,7 +45,7 @@ def test_the_document_has_examples_and_every_one_compiles() -> None:
 
 @pytest.mark.parametrize(
     "code",
-    # Examples marked NOT_RUN need a perUser agent: test_client_lifecycle.py runs that flow instead.
+    # Examples marked NOT_RUN need a perUser agent: tests/client/test_lifecycle.py runs that flow instead.
     [
         pytest.param(code, id=f"{n}-{section}")
         for n, (section, code) in enumerate(EXAMPLES)

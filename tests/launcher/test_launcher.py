@@ -16,9 +16,9 @@ from sessionmem_core import api, env
 from sessionmem_core.keys import Owner, session_key
 from sessionmem_launcher.server import Launcher
 from tests.conftest import launcher_settings
+from tests.support.conversations import BAD_IDS, exchange
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess, free_port
-from tests.test_proxy import BAD_IDS, exchange
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -19,9 +19,9 @@ from sessionmem_core.keys import Owner
 from sessionmem_operator.config import OperatorConfig
 from sessionmem_operator.spec import AgentSpec, MemorySpec
 from sessionmem_operator.wiring import resolve_memory
+from tests.chart.test_lint import Doc, containers, find, names, plain_env, render
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess, free_port
-from tests.test_chart_lint import Doc, containers, find, names, plain_env, render
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
 PATTERNS = '{"employee-id": "EMP-[0-9]{6}"}'

@@ -14,6 +14,7 @@ import pytest
 
 from sessionmem_core import kube
 from sessionmem_core.errors import AuthUnavailable, Unauthenticated
+from sessionmem_proxy.buckets import Rate
 from sessionmem_proxy.kubeapi import KubeAPI
 from sessionmem_proxy.tokenreview import API_SERVER_TOKEN_CACHE_SECONDS, TokenReviewAuthenticator
 from tests.harness.apiserver import KubeTestCluster
@@ -105,7 +106,7 @@ async def test_garbage_tokens_are_cached_negatively_and_single_flight(make: Make
 async def test_api_calls_for_unknown_tokens_are_rate_limited_while_known_tokens_work(
     make: Make, kube_cluster: KubeTestCluster, kube_namespace: str
 ) -> None:
-    authenticator = make(reviews_per_second=0.001, review_burst=3)
+    authenticator = make(rate=Rate(per_second=0.001, burst=3))
     token = agent_token(kube_cluster, kube_namespace, "steady")
     await authenticator.authenticate(token)
     for i in range(2):

@@ -15,6 +15,7 @@ import pytest
 from sessionmem_core import kube
 from sessionmem_core.errors import AuthUnavailable, Forbidden, Unauthenticated
 from sessionmem_proxy.admin import ERASE, READ, KubeAdminAuthorizer
+from sessionmem_proxy.buckets import Rate
 from sessionmem_proxy.kubeapi import KubeAPI
 from tests.harness.apiserver import KubeTestCluster
 
@@ -127,7 +128,7 @@ async def test_missing_and_garbage_tokens_are_unauthenticated(world: World) -> N
 async def test_administration_calls_are_rate_limited_before_the_api_server_is_asked(world: World) -> None:
     """Each admin call costs the API server reviews: beyond the budget the caller gets 503, and the API
     server is not asked (no review is counted)."""
-    authorizer = KubeAdminAuthorizer(world.http, world.api, AGENT_AUDIENCE, calls_per_second=0.001, call_burst=2)
+    authorizer = KubeAdminAuthorizer(world.http, world.api, AGENT_AUDIENCE, rate=Rate(per_second=0.001, burst=2))
     for _ in range(2):
         await authorizer.authorize(world.reader, READ, world.namespace, "support-agent")
     asked = sum(authorizer.reviews.values())

@@ -1,0 +1,1 @@
+"""The contract (sessionmem_core): ids, keys, api names, env parsing and capabilities, without I/O."""

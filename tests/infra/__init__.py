@@ -1,0 +1,1 @@
+"""Shared infrastructure (sessionmem_infra): the HTTP clients, against a real server."""

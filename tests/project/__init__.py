@@ -1,0 +1,1 @@
+"""The project as a whole: import layers, test markers, packaging, and docs that name tests."""

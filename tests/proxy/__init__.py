@@ -1,0 +1,1 @@
+"""The state-layer proxy (sessionmem_proxy): store, routes, quotas, redaction, auth and isolation."""

@@ -1,0 +1,28 @@
+"""What the tests of several components send: a {user, assistant} exchange, and every class of bad
+conversation id the rule (core/sessionmem_core/ids.py) rejects, as it appears in a URL path."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+BAD_IDS = {
+    "empty": "",
+    "129 characters": "x" * 129,
+    "slash": "a/b",
+    "colon": "a:b",
+    "space": quote("a b"),
+    "tab": quote("a\tb"),
+    "newline": quote("a\nb"),
+    "control character": quote("a\x01b"),
+    "DEL": quote("a\x7fb"),
+    "dot segment": "%2E%2E",
+}
+
+
+def exchange(turn: str, user: str = "hi", assistant: str = "hello") -> dict[str, object]:
+    return {
+        "entries": [
+            {"role": "user", "content": user, "id": f"{turn}-u"},
+            {"role": "assistant", "content": assistant, "id": f"{turn}-a"},
+        ]
+    }
