@@ -4,6 +4,7 @@ SESSIONMEM_E2E_KEEP_CLUSTER=1 asks to keep it for inspection."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -27,6 +28,7 @@ class E2ECluster:
     image: str
     valkey_image: str
     demo_agent_image: str
+    run_dir: Path  # the cluster's state on this host ($E2E_RUN_DIR), removed by `cluster.sh down`
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60.0) -> str:
         """Runs kubectl against the cluster; a non-zero exit fails with kubectl's own message."""
@@ -87,6 +89,7 @@ def e2e_cluster() -> Iterator[E2ECluster]:
             image=values["SESSIONMEM_IMAGE"],
             valkey_image=values["VALKEY_IMAGE"],
             demo_agent_image=values["DEMO_AGENT_IMAGE"],
+            run_dir=Path(values["E2E_RUN_DIR"]),
         )
     finally:
         if not was_running and os.environ.get(KEEP_CLUSTER_ENV) != "1":
@@ -143,6 +146,56 @@ def helm(cluster: E2ECluster, helm_binary: str, *args: str, timeout: float = 300
 class Release:
     name: str
     namespace: str
+    valkey_volume: Path  # where the release's Valkey keeps its AOF, on this host
+
+
+# The e2e cluster has no volume provisioner: PersistentVolumes are directories under its run directory,
+# each bound ahead to the one claim it is for.
+STORAGE_CLASS = "sessionmem-e2e-local"
+# The chart's Valkey runs as uid/gid 999 (templates/valkey/statefulset.yaml); the kubelet applies no fsGroup
+# to a hostPath volume, so its directory is made theirs here.
+VALKEY_UID = 999
+VALKEY_VOLUME_SIZE = "1Gi"
+
+
+def local_volume(cluster: E2ECluster, namespace: str, claim: str, uid: int, size: str) -> Path:
+    """A hostPath PersistentVolume of ``size`` owned by ``uid``, bound ahead to the claim ``namespace/claim``
+    (which may not exist yet); returns its directory on this host."""
+    cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps(
+            {
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "StorageClass",
+                "metadata": {"name": STORAGE_CLASS},
+                "provisioner": "kubernetes.io/no-provisioner",
+                "reclaimPolicy": "Retain",
+                "volumeBindingMode": "Immediate",
+            }
+        ),
+    )
+    name = f"{namespace}-{claim}"
+    path = cluster.run_dir / "volumes" / name
+    path.mkdir(parents=True)
+    os.chown(path, uid, uid)
+    path.chmod(0o700)
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": STORAGE_CLASS,
+            "hostPath": {"path": str(path), "type": "Directory"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(volume))
+    return path
 
 
 def release_workloads(cluster: E2ECluster, release: Release) -> dict[str, str]:
@@ -156,21 +209,33 @@ def release_workloads(cluster: E2ECluster, release: Release) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def release(e2e_cluster: E2ECluster, helm_binary: str) -> Iterator[Release]:
-    """The chart installed once for the session with the images image.sh built, its workloads rolled
-    out; uninstalled after the session."""
+def release(e2e_cluster: E2ECluster, helm_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    """The chart installed once for the session with the images image.sh built and Valkey on a local
+    PersistentVolume, its workloads rolled out; uninstalled after the session."""
     # A namespace of its own each session: one still terminating from the run before is never reused.
-    installed = Release(name=RELEASE, namespace=f"sessionmem-e2e-{uuid.uuid4().hex[:8]}")
+    namespace = f"sessionmem-e2e-{uuid.uuid4().hex[:8]}"
+    claim = f"data-{RELEASE}-sessionmem-valkey-0"  # the StatefulSet's claim template "data", pod 0
+    installed = Release(
+        name=RELEASE,
+        namespace=namespace,
+        valkey_volume=local_volume(e2e_cluster, namespace, claim, VALKEY_UID, VALKEY_VOLUME_SIZE),
+    )
     repository, tag = _repository_and_tag(e2e_cluster.image)
     valkey_repository, valkey_tag = _repository_and_tag(e2e_cluster.valkey_image)
+    values = {
+        "image": {"repository": repository, "tag": tag},
+        "valkey": {
+            "image": {"repository": valkey_repository, "tag": valkey_tag},
+            "persistence": {"enabled": True, "storageClass": STORAGE_CLASS, "size": VALKEY_VOLUME_SIZE},
+        },
+    }
+    values_file = tmp_path_factory.mktemp("release") / "values.json"
+    values_file.write_text(json.dumps(values), encoding="utf-8")
     helm(
         e2e_cluster,
         helm_binary,
         *("install", installed.name, str(CHART), "--namespace", installed.namespace, "--create-namespace"),
-        *("--set", f"image.repository={repository}", "--set", f"image.tag={tag}"),
-        *("--set", f"valkey.image.repository={valkey_repository}", "--set", f"valkey.image.tag={valkey_tag}"),
-        # No volume provisioner in the e2e cluster yet (tools/e2e/README.md): Valkey on an emptyDir.
-        *("--set", "valkey.persistence.enabled=false"),
+        *("--values", str(values_file)),
     )
     try:
         for workload in release_workloads(e2e_cluster, installed).values():
@@ -182,3 +247,4 @@ def release(e2e_cluster: E2ECluster, helm_binary: str) -> Iterator[Release]:
     finally:
         helm(e2e_cluster, helm_binary, "uninstall", installed.name, "--namespace", installed.namespace, "--wait")
         e2e_cluster.kubectl("delete", "namespace", installed.namespace, "--wait=false")
+        e2e_cluster.kubectl("delete", "persistentvolume", f"{namespace}-{claim}", "--wait=false")
