@@ -594,6 +594,12 @@ def test_launcher_limits_reach_the_operator_under_the_contracts_names(tmp_path: 
     assert {key: name for key, (name, _) in SERVING_LIMITS.items()} == dict(LAUNCHER_LIMITS)
 
 
+def test_the_launchers_otlp_endpoint_reaches_the_operator(tmp_path: Path) -> None:
+    assert _operator_config(render(), tmp_path).launcher_otlp_endpoint is None
+    docs = render("--set", "operator.launcher.otlpEndpoint=http://collector.obs.svc:4318")
+    assert _operator_config(docs, tmp_path).launcher_otlp_endpoint == "http://collector.obs.svc:4318"
+
+
 def test_serving_limits_and_quotas_are_values() -> None:
     docs = render(
         "--set", "proxy.limits.maxHeaderBytes=8192",

@@ -12,7 +12,9 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -208,10 +210,117 @@ def release_workloads(cluster: E2ECluster, release: Release) -> dict[str, str]:
     return dict(line.split(" ", 1) for line in listing.splitlines() if line.strip())
 
 
+OTLP_PORT = 4318
+OTLP_RECEIVER = REPO / "tests" / "e2e" / "otlp_receiver.py"
+
+
+@dataclass(frozen=True)
+class OtlpReceiver:
+    """tests/e2e/otlp_receiver.py running in the cluster: ``endpoint`` is its in-cluster URL (what
+    OTEL_EXPORTER_OTLP_ENDPOINT names), ``url`` the same Service as this host reaches it."""
+
+    namespace: str
+    endpoint: str
+    url: str
+
+    def spans(self, trace_id: str) -> list[dict[str, Any]]:
+        response = httpx.get(f"{self.url}/spans", params={"traceId": trace_id}, timeout=10)
+        response.raise_for_status()
+        spans: list[dict[str, Any]] = response.json()
+        return spans
+
+
+def _otlp_receiver_manifest(namespace: str, image: str) -> str:
+    labels = {"app": "otlp-receiver"}
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": "otlp-receiver", "namespace": namespace},
+                    "data": {OTLP_RECEIVER.name: OTLP_RECEIVER.read_text(encoding="utf-8")},
+                },
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "metadata": {"name": "otlp-receiver", "namespace": namespace},
+                    "spec": {
+                        "selector": {"matchLabels": labels},
+                        "template": {
+                            "metadata": {"labels": labels},
+                            "spec": {
+                                "automountServiceAccountToken": False,
+                                "containers": [
+                                    {
+                                        "name": "receiver",
+                                        "image": image,
+                                        "imagePullPolicy": "Never",
+                                        "command": ["python", f"/receiver/{OTLP_RECEIVER.name}", str(OTLP_PORT)],
+                                        "ports": [{"name": "otlp-http", "containerPort": OTLP_PORT}],
+                                        "readinessProbe": {
+                                            "httpGet": {"path": "/healthz", "port": OTLP_PORT},
+                                            "periodSeconds": 1,
+                                        },
+                                        "securityContext": {
+                                            "readOnlyRootFilesystem": True,
+                                            "allowPrivilegeEscalation": False,
+                                        },
+                                        "volumeMounts": [{"name": "receiver", "mountPath": "/receiver"}],
+                                    }
+                                ],
+                                "volumes": [{"name": "receiver", "configMap": {"name": "otlp-receiver"}}],
+                            },
+                        },
+                    },
+                },
+                {
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": {"name": "otlp-receiver", "namespace": namespace},
+                    "spec": {"selector": labels, "ports": [{"port": OTLP_PORT, "targetPort": OTLP_PORT}]},
+                },
+            ],
+        }
+    )
+
+
 @pytest.fixture(scope="session")
-def release(e2e_cluster: E2ECluster, helm_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
-    """The chart installed once for the session with the images image.sh built and Valkey on a local
-    PersistentVolume, its workloads rolled out; uninstalled after the session."""
+def otlp_receiver(e2e_cluster: E2ECluster) -> Iterator[OtlpReceiver]:
+    """An OTLP/HTTP receiver in a namespace of its own, for the session."""
+    namespace = f"sessionmem-e2e-otlp-{uuid.uuid4().hex[:8]}"
+    e2e_cluster.kubectl("create", "namespace", namespace)
+    try:
+        e2e_cluster.kubectl("apply", "-f", "-", stdin=_otlp_receiver_manifest(namespace, e2e_cluster.image))
+        e2e_cluster.kubectl(
+            *("rollout", "status", "deployment/otlp-receiver", "-n", namespace, f"--timeout={ROLLOUT_SECONDS}s"),
+            timeout=ROLLOUT_SECONDS + 10,
+        )
+        cluster_ip = e2e_cluster.kubectl(
+            "get", "service/otlp-receiver", "-n", namespace, "-o", "jsonpath={.spec.clusterIP}"
+        )
+        yield OtlpReceiver(
+            namespace=namespace,
+            endpoint=f"http://otlp-receiver.{namespace}.svc.cluster.local:{OTLP_PORT}",
+            url=f"http://{cluster_ip}:{OTLP_PORT}",
+        )
+    finally:
+        e2e_cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+@pytest.fixture(scope="session")
+def release(
+    e2e_cluster: E2ECluster,
+    helm_binary: str,
+    otlp_receiver: OtlpReceiver,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Release]:
+    """The chart installed once for the session with the images image.sh built, Valkey on a local
+    PersistentVolume, the proxy and every launcher exporting spans to the session's OTLP receiver, and
+    users' run capabilities on (a chart-generated key); its workloads rolled out; uninstalled after the
+    session."""
     # A namespace of its own each session: one still terminating from the run before is never reused.
     namespace = f"sessionmem-e2e-{uuid.uuid4().hex[:8]}"
     claim = f"data-{RELEASE}-sessionmem-valkey-0"  # the StatefulSet's claim template "data", pod 0
@@ -227,6 +336,24 @@ def release(e2e_cluster: E2ECluster, helm_binary: str, tmp_path_factory: pytest.
         "valkey": {
             "image": {"repository": valkey_repository, "tag": valkey_tag},
             "persistence": {"enabled": True, "storageClass": STORAGE_CLASS, "size": VALKEY_VOLUME_SIZE},
+        },
+        "proxy": {"otlpEndpoint": otlp_receiver.endpoint, "capabilityKey": {"enabled": True}},
+        "operator": {"launcher": {"otlpEndpoint": otlp_receiver.endpoint}},
+        # The proxy's egress is its NetworkPolicy's: the receiver is let in as a collector would be.
+        "networkPolicy": {
+            "proxyExtraEgress": [
+                {
+                    "to": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": otlp_receiver.namespace}
+                            },
+                            "podSelector": {"matchLabels": {"app": "otlp-receiver"}},
+                        }
+                    ],
+                    "ports": [{"protocol": "TCP", "port": OTLP_PORT}],
+                }
+            ]
         },
     }
     values_file = tmp_path_factory.mktemp("release") / "values.json"
