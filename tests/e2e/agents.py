@@ -14,6 +14,7 @@ from sessionmem_core import api, kube
 from tests.e2e.conftest import E2ECluster
 
 AGENT_READY_SECONDS = 180
+LAUNCHER_CONTAINER = "sessionmem-launcher"  # sessionmem_operator.wiring's name (tests import no component)
 SEED_AGENT = "support-agent"
 
 
@@ -57,6 +58,27 @@ def agent_pods(cluster: E2ECluster, namespace: str, name: str = SEED_AGENT) -> l
     listing = cluster.kubectl("get", "pods", "-n", namespace, "-l", f"{kube.LABEL_AGENT}={name}", "-o", "json")
     pods: list[dict[str, Any]] = json.loads(listing)["items"]
     return pods
+
+
+def wait_pods_wired(cluster: E2ECluster, namespace: str, name: str, variable: str, value: str) -> None:
+    """Waits until every pod of the agent, terminating ones too, has ``variable=value`` in its launcher's
+    env and is Ready: a turn through the Service can then reach no pod of an earlier wiring (the operator
+    may roll a second revision when it learns of a change, e.g. an AgentRegistry, after the first)."""
+    deadline = time.monotonic() + AGENT_READY_SECONDS
+    while True:
+        pods = agent_pods(cluster, namespace, name)
+        wired = [
+            pod
+            for pod in pods
+            for container in pod["spec"]["containers"]
+            if container["name"] == LAUNCHER_CONTAINER
+            and {"name": variable, "value": value} in container.get("env", [])
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+        ]
+        if pods and len(wired) == len(pods):
+            return
+        assert time.monotonic() < deadline, f"pods of {namespace}/{name} not wired with {variable}={value}"
+        time.sleep(0.5)
 
 
 @dataclass(frozen=True)

@@ -210,6 +210,18 @@ def release_workloads(cluster: E2ECluster, release: Release) -> dict[str, str]:
     return dict(line.split(" ", 1) for line in listing.splitlines() if line.strip())
 
 
+def valkey_cli(cluster: E2ECluster, release: Release, *args: str) -> list[str]:
+    """valkey-cli in the release's Valkey pod, as the proxy's ACL user (what the proxy itself may run);
+    its answer's lines."""
+    statefulset = release_workloads(cluster, release)["valkey"].split("/", 1)[1]
+    script = 'REDISCLI_AUTH="$VALKEY_PASSWORD" exec valkey-cli --user "$VALKEY_USER" "$@"'
+    output = cluster.kubectl(
+        *("exec", f"{statefulset}-0", "-n", release.namespace, "-c", "valkey", "--"),
+        *("sh", "-c", script, "valkey-cli", *args),
+    )
+    return output.splitlines()
+
+
 OTLP_PORT = 4318
 OTLP_RECEIVER = REPO / "tests" / "e2e" / "otlp_receiver.py"
 
