@@ -58,6 +58,18 @@ class E2ECluster:
             time.sleep(0.5)
 
 
+def finished_phase(cluster: E2ECluster, namespace: str, pod: str, timeout: float) -> str:
+    """Polls a run-once pod until it has Succeeded or Failed, for at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        phase = cluster.kubectl("get", f"pod/{pod}", "-n", namespace, "-o", "jsonpath={.status.phase}")
+        if phase in ("Succeeded", "Failed"):
+            return phase
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pod {namespace}/{pod} still {phase or 'unscheduled'} after {timeout}s")
+        time.sleep(0.5)
+
+
 def _cluster_script(command: str) -> str:
     result = subprocess.run(
         ["bash", str(CLUSTER_SCRIPT), command],
