@@ -58,6 +58,11 @@ SUMMARIZER_URL = "SESSIONMEM_SUMMARIZER_URL"
 # How replayed turns are counted against SESSIONMEM_REPLAY_TOKENS: "approx" or "module:function".
 TOKEN_COUNTER = "SESSIONMEM_TOKEN_COUNTER"
 PROXY_TIMEOUT_SECONDS = "SESSIONMEM_PROXY_TIMEOUT_SECONDS"
+# Opening a connection to the proxy, bounded on its own: a proxy whose pod is gone (its Service IP drops
+# the packets) would otherwise hold a turn for the kernel's SYN retries, minutes, before failing open.
+# The default outlasts one lost SYN (retransmitted after 1 s).
+PROXY_CONNECT_TIMEOUT_SECONDS = "SESSIONMEM_PROXY_CONNECT_TIMEOUT_SECONDS"
+DEFAULT_PROXY_CONNECT_TIMEOUT_SECONDS = 1.5
 AGENT_TIMEOUT_SECONDS = "SESSIONMEM_AGENT_TIMEOUT_SECONDS"
 
 # --- proxy side, written by the chart ---
@@ -242,6 +247,7 @@ class LauncherSettings:
     agent_port: int
     proxy_timeout_seconds: float
     agent_timeout_seconds: float
+    proxy_connect_timeout_seconds: float = DEFAULT_PROXY_CONNECT_TIMEOUT_SECONDS
     redact: tuple[str, ...] = ()
     summary_threshold: int = 0
     summarizer_url: str = "builtin"
@@ -270,6 +276,9 @@ class LauncherSettings:
             agent_port=_int(env, AGENT_PORT, DEFAULT_AGENT_PORT, 1, 65535),
             proxy_timeout_seconds=_float(env, PROXY_TIMEOUT_SECONDS, 1.5),
             agent_timeout_seconds=_float(env, AGENT_TIMEOUT_SECONDS, 120.0),
+            proxy_connect_timeout_seconds=_float(
+                env, PROXY_CONNECT_TIMEOUT_SECONDS, DEFAULT_PROXY_CONNECT_TIMEOUT_SECONDS
+            ),
             redact=tuple(n.strip() for n in env.get(REDACT, "").split(",") if n.strip()),
             summary_threshold=_int(env, SUMMARY_THRESHOLD, 0, 0, MAX_CAP),
             summarizer_url=env.get(SUMMARIZER_URL) or "builtin",

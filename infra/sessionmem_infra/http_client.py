@@ -229,14 +229,19 @@ class _Connection(asyncio.Protocol):
 class HttpClient:
     """Requests to one origin (``http://host:port`` or ``https://...``) over pooled connections.
 
-    ``timeout``: seconds to connect, and seconds from sending a request to its whole answer
-    (:class:`HttpTimeout`); None leaves it to the caller."""
+    ``timeout``: seconds from sending a request to its whole answer (:class:`HttpTimeout`); None leaves it
+    to the caller. ``connect_timeout``: seconds to open a connection (:class:`HttpTimeout`); None: the
+    ``timeout``. Without a bound, a peer whose address drops packets (a Service with no endpoint left)
+    holds the caller for the kernel's whole SYN retry schedule, minutes."""
 
-    def __init__(self, base_url: str, max_idle: int = 64, timeout: float | None = None) -> None:
+    def __init__(
+        self, base_url: str, max_idle: int = 64, timeout: float | None = None, connect_timeout: float | None = None
+    ) -> None:
         self._origin = _Origin.parse(base_url)
         self._idle: deque[_Connection] = deque()
         self._max_idle = max_idle
         self._timeout = timeout
+        self._connect_timeout = timeout if connect_timeout is None else connect_timeout
 
     async def request(
         self, method: str, target: str, headers: Iterable[tuple[bytes, bytes]] = (), body: bytes | None = None
@@ -281,13 +286,16 @@ class HttpClient:
         origin = self._origin
         loop = asyncio.get_running_loop()
         try:
-            _, connection = await loop.create_connection(
-                _Connection,
-                origin.host,
-                origin.port,
-                ssl=origin.ssl,
-                server_hostname=origin.host if origin.ssl else None,
-            )
+            async with asyncio.timeout(self._connect_timeout):
+                _, connection = await loop.create_connection(
+                    _Connection,
+                    origin.host,
+                    origin.port,
+                    ssl=origin.ssl,
+                    server_hostname=origin.host if origin.ssl else None,
+                )
+        except TimeoutError as exc:
+            raise HttpTimeout(f"cannot connect to {origin.host}:{origin.port} in time") from exc
         except OSError as exc:
             raise HttpError(f"cannot connect to {origin.host}:{origin.port}: {exc.strerror or exc}") from exc
         return connection
@@ -304,13 +312,17 @@ class BlockingHttpClient:
     """The same, for blocking callers, over plain sockets. Safe to share between threads: a connection is
     taken out of the pool for the whole exchange.
 
-    ``timeout``: seconds for connecting and for each send or receive (a socket timeout)."""
+    ``timeout``: seconds for each send or receive (a socket timeout); ``connect_timeout``: seconds to
+    connect, None: the ``timeout``."""
 
-    def __init__(self, base_url: str, max_idle: int = 16, timeout: float | None = None) -> None:
+    def __init__(
+        self, base_url: str, max_idle: int = 16, timeout: float | None = None, connect_timeout: float | None = None
+    ) -> None:
         self._origin = _Origin.parse(base_url)
         self._idle: deque[socket.socket] = deque()
         self._max_idle = max_idle
         self._timeout = timeout
+        self._connect_timeout = timeout if connect_timeout is None else connect_timeout
 
     def request(
         self, method: str, target: str, headers: Iterable[tuple[bytes, bytes]] = (), body: bytes | None = None
@@ -345,7 +357,8 @@ class BlockingHttpClient:
     def _connect(self) -> socket.socket:
         origin = self._origin
         try:
-            sock = socket.create_connection((origin.host, origin.port), timeout=self._timeout)
+            sock = socket.create_connection((origin.host, origin.port), timeout=self._connect_timeout)
+            sock.settimeout(self._timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if origin.ssl is not None:
                 sock = origin.ssl.wrap_socket(sock, server_hostname=origin.host)

@@ -192,7 +192,7 @@ class Forwarder:
         if caller.if_match is not None:
             headers.append((b"if-match", caller.if_match.encode("latin-1")))
         try:
-            # The transport bounds the call (SESSIONMEM_PROXY_TIMEOUT_SECONDS).
+            # The transport bounds the call (SESSIONMEM_PROXY_CONNECT_TIMEOUT_SECONDS, ..._PROXY_TIMEOUT_SECONDS).
             response = await self._http.request(method, target, headers, body)
         except (OSError, UnicodeError) as exc:  # HttpTimeout is an OSError too
             raise BackendUnavailable(f"memory proxy unreachable: {type(exc).__name__}") from exc
@@ -215,7 +215,12 @@ def forwarder_from_settings(settings: LauncherSettings, tracer: MemoryTracer) ->
             f"{PROXY_URL} is not set: the launcher forwards memory calls to the state-layer proxy and has no "
             "other way to reach memory"
         )
-    return Forwarder(settings, HttpClient(settings.proxy_url, timeout=settings.proxy_timeout_seconds), tracer)
+    transport = HttpClient(
+        settings.proxy_url,
+        timeout=settings.proxy_timeout_seconds,
+        connect_timeout=settings.proxy_connect_timeout_seconds,
+    )
+    return Forwarder(settings, transport, tracer)
 
 
 def _int_header(response: HttpResponse, name: str) -> int | None:

@@ -16,6 +16,7 @@ YAML keys (all optional)::
     userCapabilities: false              # the proxy verifies users' run capabilities (perUser works)
     resyncSeconds: 60                    # every AgentDeployment is re-applied this often (drift repair)
     launcherLimits: {maxHeaderBytes: 8192, idleTimeoutSeconds: 15}   # unset keys: the launcher's defaults
+    launcherOtlpEndpoint: http://collector.observability.svc:4318     # unset: the launchers export no spans
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ _FILE_KEYS = {
     "userCapabilities",
     "resyncSeconds",
     "launcherLimits",
+    "launcherOtlpEndpoint",
 }
 
 
@@ -96,6 +98,8 @@ class OperatorConfig:
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     # (env name, value) pairs added to every launcher's env; empty: the launcher's own defaults.
     launcher_limits: tuple[tuple[str, str], ...] = ()
+    # Where every launcher exports its memory.* spans (OTLP/HTTP); None: they export none.
+    launcher_otlp_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if not self.launcher_image or any(c.isspace() for c in self.launcher_image):
@@ -104,6 +108,12 @@ class OperatorConfig:
             parts = urlsplit(self.proxy_url)
             if parts.scheme not in ("http", "https") or not parts.netloc:
                 raise ConfigError(f"proxy URL {self.proxy_url!r} must be an http(s) URL with a host")
+        if self.launcher_otlp_endpoint is not None:
+            parts = urlsplit(self.launcher_otlp_endpoint)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ConfigError(
+                    f"launcher OTLP endpoint {self.launcher_otlp_endpoint!r} must be an http(s) URL with a host"
+                )
         if not self.audience:
             raise ConfigError("the token audience must not be empty")
         if not MIN_TOKEN_EXPIRATION_SECONDS <= self.token_expiration_seconds <= MAX_TOKEN_EXPIRATION_SECONDS:
@@ -174,6 +184,8 @@ class OperatorConfig:
             kwargs["resync_seconds"] = _as_float("resyncSeconds", values["resyncSeconds"])
         if values.get("launcherLimits"):
             kwargs["launcher_limits"] = _as_limits(values["launcherLimits"])
+        if values.get("launcherOtlpEndpoint"):
+            kwargs["launcher_otlp_endpoint"] = str(values["launcherOtlpEndpoint"])
         return cls(**kwargs)
 
 

@@ -238,6 +238,8 @@ def launcher_env(agent: AgentSpec, resolution: MemoryResolution, config: Operato
     variables += [_env_var(env.PROXY_URL, config.proxy_url), _env_var(env.TOKEN_PATH, env.DEFAULT_TOKEN_PATH)]
     # Only when configured, so pods keep their template (no new revision) under the launcher's defaults.
     variables += [_env_var(name, value) for name, value in config.launcher_limits]
+    if config.launcher_otlp_endpoint is not None:
+        variables.append(_env_var(env.OTEL_EXPORTER_OTLP_ENDPOINT, config.launcher_otlp_endpoint))
     return variables
 
 

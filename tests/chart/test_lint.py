@@ -594,6 +594,12 @@ def test_launcher_limits_reach_the_operator_under_the_contracts_names(tmp_path: 
     assert {key: name for key, (name, _) in SERVING_LIMITS.items()} == dict(LAUNCHER_LIMITS)
 
 
+def test_the_launchers_otlp_endpoint_reaches_the_operator(tmp_path: Path) -> None:
+    assert _operator_config(render(), tmp_path).launcher_otlp_endpoint is None
+    docs = render("--set", "operator.launcher.otlpEndpoint=http://collector.obs.svc:4318")
+    assert _operator_config(docs, tmp_path).launcher_otlp_endpoint == "http://collector.obs.svc:4318"
+
+
 def test_serving_limits_and_quotas_are_values() -> None:
     docs = render(
         "--set", "proxy.limits.maxHeaderBytes=8192",
@@ -1028,6 +1034,39 @@ async def test_valkey_acl_lets_the_store_work_and_nothing_else(chart_valkey: tup
 
     # AOF persistence is on: the appended data reached the append-only directory.
     assert list((server.data / "appendonlydir").glob("*.aof")), "no AOF files written"
+
+
+async def test_valkey_keeps_what_the_proxy_wrote_across_a_restart(chart_valkey: tuple[ChartValkey, str, str]) -> None:
+    """Valkey replays its AOF at start-up as the `default` user and checks that user's ACL on every
+    replayed MULTI/EXEC (the store's scripts are written to the AOF that way): with a `default` user that
+    may run nothing, the replay dropped every append silently (valkey-io/valkey#3983)."""
+    server, user, password = chart_valkey
+    key = "mem:team/agent:restart"
+    url = f"valkey://{user}:{password}@127.0.0.1:{server.port}/0"
+    client = connect(url, 2.0)
+    try:
+        store = ConversationStore(client, UsageLedger(client))
+        await store.append(key, [NewEntry("user", "hello", "m1")], "team/agent", cap=10, ttl_seconds=600)
+        await store.append(key, [NewEntry("assistant", "hi", "m2")], "team/agent", cap=10, ttl_seconds=600)
+    finally:
+        await client.aclose()
+    server.stop()
+    server.start()
+    client = connect(url, 2.0)
+    try:
+        store = ConversationStore(client, UsageLedger(client))
+        after = await store.read(key, 10)
+        assert after.version == 2 and len(after.raw_entries) == 2, server.log.read_text()[-2000:]
+        assert store.ledger is not None and (await store.ledger.peek(key)).conversations == 1
+    finally:
+        await client.aclose()
+    # Still nobody can log in as `default`.
+    anonymous = _sync_client(server.port)
+    try:
+        with pytest.raises((AuthenticationError, ResponseError)):
+            anonymous.ping()
+    finally:
+        anonymous.close()
 
 
 def test_valkey_readiness_probe_and_acl_builder(chart_valkey: tuple[ChartValkey, str, str], tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ SESSIONMEM_E2E_KEEP_CLUSTER=1 asks to keep it for inspection."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -11,7 +12,9 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,6 +30,7 @@ class E2ECluster:
     image: str
     valkey_image: str
     demo_agent_image: str
+    run_dir: Path  # the cluster's state on this host ($E2E_RUN_DIR), removed by `cluster.sh down`
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60.0) -> str:
         """Runs kubectl against the cluster; a non-zero exit fails with kubectl's own message."""
@@ -52,6 +56,18 @@ class E2ECluster:
                 if time.monotonic() > deadline:
                     raise AssertionError(f"timed out after {timeout}s waiting for {what}: {error}") from error
             time.sleep(0.5)
+
+
+def finished_phase(cluster: E2ECluster, namespace: str, pod: str, timeout: float) -> str:
+    """Polls a run-once pod until it has Succeeded or Failed, for at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        phase = cluster.kubectl("get", f"pod/{pod}", "-n", namespace, "-o", "jsonpath={.status.phase}")
+        if phase in ("Succeeded", "Failed"):
+            return phase
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pod {namespace}/{pod} still {phase or 'unscheduled'} after {timeout}s")
+        time.sleep(0.5)
 
 
 def _cluster_script(command: str) -> str:
@@ -87,6 +103,7 @@ def e2e_cluster() -> Iterator[E2ECluster]:
             image=values["SESSIONMEM_IMAGE"],
             valkey_image=values["VALKEY_IMAGE"],
             demo_agent_image=values["DEMO_AGENT_IMAGE"],
+            run_dir=Path(values["E2E_RUN_DIR"]),
         )
     finally:
         if not was_running and os.environ.get(KEEP_CLUSTER_ENV) != "1":
@@ -143,6 +160,56 @@ def helm(cluster: E2ECluster, helm_binary: str, *args: str, timeout: float = 300
 class Release:
     name: str
     namespace: str
+    valkey_volume: Path  # where the release's Valkey keeps its AOF, on this host
+
+
+# The e2e cluster has no volume provisioner: PersistentVolumes are directories under its run directory,
+# each bound ahead to the one claim it is for.
+STORAGE_CLASS = "sessionmem-e2e-local"
+# The chart's Valkey runs as uid/gid 999 (templates/valkey/statefulset.yaml); the kubelet applies no fsGroup
+# to a hostPath volume, so its directory is made theirs here.
+VALKEY_UID = 999
+VALKEY_VOLUME_SIZE = "1Gi"
+
+
+def local_volume(cluster: E2ECluster, namespace: str, claim: str, uid: int, size: str) -> Path:
+    """A hostPath PersistentVolume of ``size`` owned by ``uid``, bound ahead to the claim ``namespace/claim``
+    (which may not exist yet); returns its directory on this host."""
+    cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps(
+            {
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "StorageClass",
+                "metadata": {"name": STORAGE_CLASS},
+                "provisioner": "kubernetes.io/no-provisioner",
+                "reclaimPolicy": "Retain",
+                "volumeBindingMode": "Immediate",
+            }
+        ),
+    )
+    name = f"{namespace}-{claim}"
+    path = cluster.run_dir / "volumes" / name
+    path.mkdir(parents=True)
+    os.chown(path, uid, uid)
+    path.chmod(0o700)
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": STORAGE_CLASS,
+            "hostPath": {"path": str(path), "type": "Directory"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(volume))
+    return path
 
 
 def release_workloads(cluster: E2ECluster, release: Release) -> dict[str, str]:
@@ -155,22 +222,171 @@ def release_workloads(cluster: E2ECluster, release: Release) -> dict[str, str]:
     return dict(line.split(" ", 1) for line in listing.splitlines() if line.strip())
 
 
+def valkey_cli(cluster: E2ECluster, release: Release, *args: str) -> list[str]:
+    """valkey-cli in the release's Valkey pod, as the proxy's ACL user (what the proxy itself may run);
+    its answer's lines."""
+    statefulset = release_workloads(cluster, release)["valkey"].split("/", 1)[1]
+    script = 'REDISCLI_AUTH="$VALKEY_PASSWORD" exec valkey-cli --user "$VALKEY_USER" "$@"'
+    output = cluster.kubectl(
+        *("exec", f"{statefulset}-0", "-n", release.namespace, "-c", "valkey", "--"),
+        *("sh", "-c", script, "valkey-cli", *args),
+    )
+    return output.splitlines()
+
+
+OTLP_PORT = 4318
+OTLP_RECEIVER = REPO / "tests" / "e2e" / "otlp_receiver.py"
+
+
+@dataclass(frozen=True)
+class OtlpReceiver:
+    """tests/e2e/otlp_receiver.py running in the cluster: ``endpoint`` is its in-cluster URL (what
+    OTEL_EXPORTER_OTLP_ENDPOINT names), ``url`` the same Service as this host reaches it."""
+
+    namespace: str
+    endpoint: str
+    url: str
+
+    def spans(self, trace_id: str) -> list[dict[str, Any]]:
+        response = httpx.get(f"{self.url}/spans", params={"traceId": trace_id}, timeout=10)
+        response.raise_for_status()
+        spans: list[dict[str, Any]] = response.json()
+        return spans
+
+
+def _otlp_receiver_manifest(namespace: str, image: str) -> str:
+    labels = {"app": "otlp-receiver"}
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": "otlp-receiver", "namespace": namespace},
+                    "data": {OTLP_RECEIVER.name: OTLP_RECEIVER.read_text(encoding="utf-8")},
+                },
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "metadata": {"name": "otlp-receiver", "namespace": namespace},
+                    "spec": {
+                        "selector": {"matchLabels": labels},
+                        "template": {
+                            "metadata": {"labels": labels},
+                            "spec": {
+                                "automountServiceAccountToken": False,
+                                "containers": [
+                                    {
+                                        "name": "receiver",
+                                        "image": image,
+                                        "imagePullPolicy": "Never",
+                                        "command": ["python", f"/receiver/{OTLP_RECEIVER.name}", str(OTLP_PORT)],
+                                        "ports": [{"name": "otlp-http", "containerPort": OTLP_PORT}],
+                                        "readinessProbe": {
+                                            "httpGet": {"path": "/healthz", "port": OTLP_PORT},
+                                            "periodSeconds": 1,
+                                        },
+                                        "securityContext": {
+                                            "readOnlyRootFilesystem": True,
+                                            "allowPrivilegeEscalation": False,
+                                        },
+                                        "volumeMounts": [{"name": "receiver", "mountPath": "/receiver"}],
+                                    }
+                                ],
+                                "volumes": [{"name": "receiver", "configMap": {"name": "otlp-receiver"}}],
+                            },
+                        },
+                    },
+                },
+                {
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": {"name": "otlp-receiver", "namespace": namespace},
+                    "spec": {"selector": labels, "ports": [{"port": OTLP_PORT, "targetPort": OTLP_PORT}]},
+                },
+            ],
+        }
+    )
+
+
 @pytest.fixture(scope="session")
-def release(e2e_cluster: E2ECluster, helm_binary: str) -> Iterator[Release]:
-    """The chart installed once for the session with the images image.sh built, its workloads rolled
-    out; uninstalled after the session."""
+def otlp_receiver(e2e_cluster: E2ECluster) -> Iterator[OtlpReceiver]:
+    """An OTLP/HTTP receiver in a namespace of its own, for the session."""
+    namespace = f"sessionmem-e2e-otlp-{uuid.uuid4().hex[:8]}"
+    e2e_cluster.kubectl("create", "namespace", namespace)
+    try:
+        e2e_cluster.kubectl("apply", "-f", "-", stdin=_otlp_receiver_manifest(namespace, e2e_cluster.image))
+        e2e_cluster.kubectl(
+            *("rollout", "status", "deployment/otlp-receiver", "-n", namespace, f"--timeout={ROLLOUT_SECONDS}s"),
+            timeout=ROLLOUT_SECONDS + 10,
+        )
+        cluster_ip = e2e_cluster.kubectl(
+            "get", "service/otlp-receiver", "-n", namespace, "-o", "jsonpath={.spec.clusterIP}"
+        )
+        yield OtlpReceiver(
+            namespace=namespace,
+            endpoint=f"http://otlp-receiver.{namespace}.svc.cluster.local:{OTLP_PORT}",
+            url=f"http://{cluster_ip}:{OTLP_PORT}",
+        )
+    finally:
+        e2e_cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+@pytest.fixture(scope="session")
+def release(
+    e2e_cluster: E2ECluster,
+    helm_binary: str,
+    otlp_receiver: OtlpReceiver,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Release]:
+    """The chart installed once for the session with the images image.sh built, Valkey on a local
+    PersistentVolume, the proxy and every launcher exporting spans to the session's OTLP receiver, and
+    users' run capabilities on (a chart-generated key); its workloads rolled out; uninstalled after the
+    session."""
     # A namespace of its own each session: one still terminating from the run before is never reused.
-    installed = Release(name=RELEASE, namespace=f"sessionmem-e2e-{uuid.uuid4().hex[:8]}")
+    namespace = f"sessionmem-e2e-{uuid.uuid4().hex[:8]}"
+    claim = f"data-{RELEASE}-sessionmem-valkey-0"  # the StatefulSet's claim template "data", pod 0
+    installed = Release(
+        name=RELEASE,
+        namespace=namespace,
+        valkey_volume=local_volume(e2e_cluster, namespace, claim, VALKEY_UID, VALKEY_VOLUME_SIZE),
+    )
     repository, tag = _repository_and_tag(e2e_cluster.image)
     valkey_repository, valkey_tag = _repository_and_tag(e2e_cluster.valkey_image)
+    values = {
+        "image": {"repository": repository, "tag": tag},
+        "valkey": {
+            "image": {"repository": valkey_repository, "tag": valkey_tag},
+            "persistence": {"enabled": True, "storageClass": STORAGE_CLASS, "size": VALKEY_VOLUME_SIZE},
+        },
+        "proxy": {"otlpEndpoint": otlp_receiver.endpoint, "capabilityKey": {"enabled": True}},
+        "operator": {"launcher": {"otlpEndpoint": otlp_receiver.endpoint}},
+        # The proxy's egress is its NetworkPolicy's: the receiver is let in as a collector would be.
+        "networkPolicy": {
+            "proxyExtraEgress": [
+                {
+                    "to": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": otlp_receiver.namespace}
+                            },
+                            "podSelector": {"matchLabels": {"app": "otlp-receiver"}},
+                        }
+                    ],
+                    "ports": [{"protocol": "TCP", "port": OTLP_PORT}],
+                }
+            ]
+        },
+    }
+    values_file = tmp_path_factory.mktemp("release") / "values.json"
+    values_file.write_text(json.dumps(values), encoding="utf-8")
     helm(
         e2e_cluster,
         helm_binary,
         *("install", installed.name, str(CHART), "--namespace", installed.namespace, "--create-namespace"),
-        *("--set", f"image.repository={repository}", "--set", f"image.tag={tag}"),
-        *("--set", f"valkey.image.repository={valkey_repository}", "--set", f"valkey.image.tag={valkey_tag}"),
-        # No volume provisioner in the e2e cluster yet (tools/e2e/README.md): Valkey on an emptyDir.
-        *("--set", "valkey.persistence.enabled=false"),
+        *("--values", str(values_file)),
     )
     try:
         for workload in release_workloads(e2e_cluster, installed).values():
@@ -182,3 +398,4 @@ def release(e2e_cluster: E2ECluster, helm_binary: str) -> Iterator[Release]:
     finally:
         helm(e2e_cluster, helm_binary, "uninstall", installed.name, "--namespace", installed.namespace, "--wait")
         e2e_cluster.kubectl("delete", "namespace", installed.namespace, "--wait=false")
+        e2e_cluster.kubectl("delete", "persistentvolume", f"{namespace}-{claim}", "--wait=false")

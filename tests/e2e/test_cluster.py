@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import E2ECluster
+from tests.e2e.conftest import E2ECluster, finished_phase
 
 pytestmark = pytest.mark.e2e
 
@@ -119,18 +119,6 @@ def outside_listener(tmp_path: Path) -> Iterator[str]:
         _ip("link", "delete", OUTSIDE_HOST_LINK, check=False)
 
 
-def _finished_phase(cluster: E2ECluster, namespace: str, pod: str, timeout: float) -> str:
-    """Polls a run-once pod until it has Succeeded or Failed, for at most `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        phase = cluster.kubectl("get", f"pod/{pod}", "-n", namespace, "-o", "jsonpath={.status.phase}")
-        if phase in ("Succeeded", "Failed"):
-            return phase
-        if time.monotonic() > deadline:
-            raise AssertionError(f"pod {namespace}/{pod} still {phase or 'unscheduled'} after {timeout}s")
-        time.sleep(0.5)
-
-
 def test_image_runs_as_a_pod_that_becomes_ready(e2e_cluster: E2ECluster, namespace: str) -> None:
     e2e_cluster.kubectl("apply", "-f", "-", stdin=_http_server_manifest(namespace, e2e_cluster.image))
 
@@ -215,7 +203,7 @@ def test_pod_reaches_services_and_the_api_by_name_and_nothing_beyond_the_host(
         },
     }
     e2e_cluster.kubectl("apply", "-f", "-", stdin=json.dumps(client))
-    phase = _finished_phase(e2e_cluster, namespace, "client", timeout=120.0)
+    phase = finished_phase(e2e_cluster, namespace, "client", timeout=120.0)
 
     logs = e2e_cluster.kubectl("logs", "client", "-n", namespace)
     assert phase == "Succeeded", logs

@@ -356,6 +356,17 @@ def test_changing_any_policy_changes_the_pod_template(field: str, value: Any) ->
     assert changed_template["metadata"]["annotations"][WIRING_ANNOTATION] == changed_hash
 
 
+def test_the_launchers_otlp_endpoint_is_rendered_only_when_configured() -> None:
+    traced = OperatorConfig(
+        proxy_url=PROXY.proxy_url,
+        launcher_image=PROXY.launcher_image,
+        launcher_otlp_endpoint="http://collector.obs.svc:4318",
+    )
+    assert env.OTEL_EXPORTER_OTLP_ENDPOINT not in launcher_env_for(copy.deepcopy(POLICIES))
+    traced_env = launcher_env_for(copy.deepcopy(POLICIES), traced)
+    assert traced_env[env.OTEL_EXPORTER_OTLP_ENDPOINT] == "http://collector.obs.svc:4318"
+
+
 def test_launcher_limits_are_rendered_only_when_configured() -> None:
     limited = OperatorConfig(
         proxy_url=PROXY.proxy_url, launcher_image=PROXY.launcher_image, launcher_limits=((env.MAX_URL_BYTES, "2048"),)

@@ -180,6 +180,18 @@ def test_launcher_limits_become_the_launchers_env_names(tmp_path: Path) -> None:
     assert OperatorConfig.load({}).launcher_limits == ()
 
 
+def test_the_launchers_otlp_endpoint_is_an_http_url(tmp_path: Path) -> None:
+    path = tmp_path / "operator.yaml"
+    path.write_text("launcherOtlpEndpoint: http://collector.obs.svc:4318\n")
+    assert OperatorConfig.load({env.OPERATOR_CONFIG_FILE: str(path)}).launcher_otlp_endpoint == (
+        "http://collector.obs.svc:4318"
+    )
+    assert OperatorConfig.load({}).launcher_otlp_endpoint is None
+    path.write_text("launcherOtlpEndpoint: collector:4318\n")
+    with pytest.raises(ConfigError, match="OTLP"):
+        OperatorConfig.load({env.OPERATOR_CONFIG_FILE: str(path)})
+
+
 @pytest.mark.parametrize(
     "text",
     [

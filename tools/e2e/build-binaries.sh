@@ -4,6 +4,7 @@
 #   $cache/e2e/k8s-<ver>/bin/{kubelet,kube-scheduler,kube-proxy,kubectl}  node/go.mod
 #   $cache/e2e/coredns-<ver>-<hash>/bin/coredns                     coredns/
 #   $cache/e2e/pause-<hash>/bin/pause                               pause/
+#   $cache/e2e/kube-router-<ver>/bin/kube-router                    its own module, at KUBE_ROUTER_VERSION
 #
 # ($cache is ${SESSIONMEM_CACHE_DIR:-~/.cache/sessionmem}.) The control plane
 # (kube-apiserver, kube-controller-manager, etcd) is tools/envtest's, not built
@@ -11,7 +12,7 @@
 #
 # Idempotent: when everything is present it only prints, on stdout, one
 # NAME=path line per binary (KUBELET, KUBE_SCHEDULER, KUBE_PROXY, KUBECTL,
-# COREDNS, PAUSE). Each binary is built under a temporary name and renamed into place.
+# COREDNS, PAUSE, KUBE_ROUTER). Each binary is built under a temporary name and renamed into place.
 # Builds run under `nice -n 10` (E2E_NICE to change): the machine is shared.
 set -euo pipefail
 LOG_TAG=e2e-binaries
@@ -27,11 +28,17 @@ COREDNS_VERSION="$(modver "$here/coredns/go.mod" github.com/coredns/coredns)"
 # The CoreDNS plugin set and the pause source are ours: their hash is part of the key.
 COREDNS_KEY="$COREDNS_VERSION-$(cat "$here/coredns/go.sum" "$here/coredns/main.go" | sha256sum | cut -c1-8)"
 PAUSE_KEY="$(cat "$here/pause/go.mod" "$here/pause/main.go" | sha256sum | cut -c1-12)"
+# kube-router, the NetworkPolicy enforcer (cluster.sh runs only its firewall controller), is built with
+# `go install module@version`: its own go.mod and go.sum, exactly as released, checked against the
+# checksum database.
+KUBE_ROUTER_MODULE=github.com/cloudnativelabs/kube-router/v2
+KUBE_ROUTER_VERSION="${E2E_KUBE_ROUTER_VERSION:-v2.1.0}"
 
 e2e_cache="$(cache_root)/e2e"
 k8s_bin="$e2e_cache/k8s-$K8S_VERSION/bin"
 coredns_bin="$e2e_cache/coredns-$COREDNS_KEY/bin"
 pause_bin="$e2e_cache/pause-$PAUSE_KEY/bin"
+kube_router_bin="$e2e_cache/kube-router-$KUBE_ROUTER_VERSION/bin"
 
 declare -A BINARIES=(
     [KUBELET]="$k8s_bin/kubelet"
@@ -40,6 +47,7 @@ declare -A BINARIES=(
     [KUBECTL]="$k8s_bin/kubectl"
     [COREDNS]="$coredns_bin/coredns"
     [PAUSE]="$pause_bin/pause"
+    [KUBE_ROUTER]="$kube_router_bin/kube-router"
 )
 
 complete() {
@@ -49,14 +57,14 @@ complete() {
 
 report() {
     local name
-    for name in KUBELET KUBE_SCHEDULER KUBE_PROXY KUBECTL COREDNS PAUSE; do
+    for name in KUBELET KUBE_SCHEDULER KUBE_PROXY KUBECTL COREDNS PAUSE KUBE_ROUTER; do
         printf '%s=%s\n' "$name" "${BINARIES[$name]}"
     done
 }
 
 if complete; then report; exit 0; fi
 
-mkdir -p "$e2e_cache" "$k8s_bin" "$coredns_bin" "$pause_bin"
+mkdir -p "$e2e_cache" "$k8s_bin" "$coredns_bin" "$pause_bin" "$kube_router_bin"
 lock_or_wait "$e2e_cache/.binaries.lock"
 if complete; then report; exit 0; fi
 rm -rf "$e2e_cache"/.tmp.*
@@ -98,6 +106,20 @@ build "$here/node" k8s.io/kubernetes/cmd/kubelet "$k8s_bin/kubelet" "$k8s_ldflag
 build "$here/node" k8s.io/kubernetes/cmd/kubectl "$k8s_bin/kubectl" "$k8s_ldflags"
 build "$here/coredns" . "$coredns_bin/coredns" \
     "-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION"
+
+build_kube_router() {
+    local out="$kube_router_bin/kube-router" start
+    [[ -x "$out" ]] && return 0
+    log "building kube-router ($KUBE_ROUTER_MODULE@$KUBE_ROUTER_VERSION) ..."
+    start=$SECONDS
+    # Outside any module (tmpdir), so `go install module@version` uses kube-router's own go.mod.
+    (cd "$tmpdir" && GOBIN="$tmpdir/gobin" nice -n "${E2E_NICE:-10}" "$GO" install -trimpath \
+        -ldflags "-s -w -X $KUBE_ROUTER_MODULE/pkg/version.Version=$KUBE_ROUTER_VERSION" \
+        "$KUBE_ROUTER_MODULE/cmd/kube-router@$KUBE_ROUTER_VERSION") || die "go install kube-router failed"
+    mv -f "$tmpdir/gobin/kube-router" "$out"
+    log "built kube-router in $((SECONDS - start))s"
+}
+build_kube_router
 
 complete || die "build finished but a binary is missing"
 log "done"

@@ -11,9 +11,11 @@
 # kube-apiserver, kube-controller-manager (tools/envtest's builds), kube-scheduler,
 # containerd 1.6 (Debian) with runc, kubelet, kube-proxy (iptables), CoreDNS
 # (as a host process answering on the node address for cluster.local only;
-# nothing is forwarded off the host). Pods get addresses from the bridge CNI on
-# a bridge of our own; an iptables chain drops anything pods send beyond the
-# pod and service ranges, so no pod traffic leaves the host.
+# nothing is forwarded off the host), kube-router with only its firewall
+# controller (NetworkPolicy enforcement with iptables and ipset). Pods get
+# addresses from the bridge CNI on a bridge of our own; an iptables chain drops
+# anything pods send beyond the pod and service ranges, so no pod traffic
+# leaves the host.
 #
 # Needs root, Go (first run), podman and the Debian packages of prereqs.sh.
 set -euo pipefail
@@ -152,10 +154,14 @@ network_up() {
     sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
     # Pods may talk to pods, services and this host; anything else they send
     # (the host's own network, the internet) is dropped before it is routed.
-    iptables -N "$CHAIN" 2>/dev/null || iptables -F "$CHAIN"
-    iptables -A "$CHAIN" -s "$POD_CIDR" -d "$POD_CIDR" -j RETURN
-    iptables -A "$CHAIN" -s "$POD_CIDR" -j DROP
-    iptables -C FORWARD -j "$CHAIN" 2>/dev/null || iptables -I FORWARD 1 -j "$CHAIN"
+    # In the mangle table, which sees forwarded packets before the filter table:
+    # kube-router keeps its own jump first in filter FORWARD and ACCEPTs there
+    # what NetworkPolicies allow, so a rule of ours in filter FORWARD would never
+    # see those packets.
+    iptables -t mangle -N "$CHAIN" 2>/dev/null || iptables -t mangle -F "$CHAIN"
+    iptables -t mangle -A "$CHAIN" -s "$POD_CIDR" -d "$POD_CIDR" -j RETURN
+    iptables -t mangle -A "$CHAIN" -s "$POD_CIDR" -j DROP
+    iptables -t mangle -C FORWARD -j "$CHAIN" 2>/dev/null || iptables -t mangle -I FORWARD 1 -j "$CHAIN"
     # This host's own connections to a Service IP (the tests') must never leave it: before kube-proxy
     # has programmed a Service, a ClusterIP is just a private address, and the default route would
     # carry it off the host. The Service range is routed onto our bridge (so kube-proxy's DNAT still
@@ -208,13 +214,29 @@ kube_chains_down() {
     done
 }
 
+# kube-router's firewall controller keeps pod and policy addresses in ipsets
+# (KUBE-SRC-*, KUBE-DST-*, and TMP-<16 base32> while it swaps them); its
+# iptables chains are KUBE-* chains, which kube_chains_down removes first.
+kube_router_ipsets_down() {
+    command -v ipset >/dev/null 2>&1 || return 0
+    local set
+    for set in $(ipset list -n 2>/dev/null | grep -E '^(inet6:)?(KUBE-(SRC|DST)-[A-Z0-9]+|TMP-[A-Z2-7]{16})$' || true); do
+        ipset destroy "$set" 2>/dev/null || true
+    done
+}
+
 network_down() {
     kube_chains_down
+    kube_router_ipsets_down
+    iptables -t mangle -D FORWARD -j "$CHAIN" 2>/dev/null || true
+    iptables -t mangle -F "$CHAIN" 2>/dev/null || true
+    iptables -t mangle -X "$CHAIN" 2>/dev/null || true
+    # Where runs before this one kept the chain (filter table).
     iptables -D FORWARD -j "$CHAIN" 2>/dev/null || true
-    iptables -D OUTPUT -d "$SERVICE_CIDR" -j REJECT 2>/dev/null || true
-    ip route del "$SERVICE_CIDR" dev "$BRIDGE" 2>/dev/null || true
     iptables -F "$CHAIN" 2>/dev/null || true
     iptables -X "$CHAIN" 2>/dev/null || true
+    iptables -D OUTPUT -d "$SERVICE_CIDR" -j REJECT 2>/dev/null || true
+    ip route del "$SERVICE_CIDR" dev "$BRIDGE" 2>/dev/null || true
     ip link del "$BRIDGE" 2>/dev/null || true
 }
 
@@ -283,6 +305,8 @@ podCIDR: "$POD_CIDR"
 maxPods: 60
 YAML
 }
+
+kube_router_in_place() { iptables -S FORWARD | grep -q -- '-j KUBE-ROUTER-FORWARD'; }
 
 kube_proxy_config() {
     mkdir -p "$RUN/kube-proxy"
@@ -420,6 +444,16 @@ up() {
     start coredns "$COREDNS" -conf "$RUN/coredns/Corefile"
 
     wait_for "node $NODE_NAME Ready" 180 kubectl_ wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s
+    # NetworkPolicies: kube-router's firewall controller only (no routing, no service proxy: the bridge
+    # CNI and kube-proxy do those), once the node it enforces them on exists. Admin credentials, as
+    # CoreDNS: a host process of the test cluster.
+    start kube-router "$KUBE_ROUTER" --kubeconfig="$pki/admin.kubeconfig" --hostname-override="$NODE_NAME" \
+        --run-firewall=true --run-router=false --run-service-proxy=false --run-loadbalancer=false \
+        --service-cluster-ip-range="$SERVICE_CIDR" --enable-ipv4=true --enable-ipv6=false \
+        --health-port=0 --metrics-port=0 --v=1
+    # Its first full sync installs its jumps in the filter table's FORWARD chain.
+    wait_for "kube-router's firewall" 60 kube_router_in_place
+    running kube-router || die "kube-router exited (logs: $logs/kube-router.log)"
     dns_service
     wait_for "default ServiceAccount" 60 kubectl_ get serviceaccount default -n default
     log "cluster up in $((SECONDS - t0))s"
@@ -438,7 +472,7 @@ down() {
         while ((SECONDS < deadline)) && ctr_ tasks list 2>/dev/null | grep -q RUNNING; do sleep 0.5; done
     fi
     local name
-    for name in coredns kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver; do
+    for name in kube-router coredns kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver; do
         stop "$name"
     done
     # Whatever is left: kill the tasks, remove the sandboxes' network namespaces.

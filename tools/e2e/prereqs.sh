@@ -18,6 +18,7 @@ PACKAGES=(
     containernetworking-plugins:/usr/lib/cni/bridge
     debootstrap:/usr/sbin/debootstrap
     iptables:/usr/sbin/iptables
+    ipset:/usr/sbin/ipset
     conntrack:/usr/sbin/conntrack
     socat:/usr/bin/socat
     ethtool:/usr/sbin/ethtool
