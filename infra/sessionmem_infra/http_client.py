@@ -14,7 +14,7 @@ import asyncio
 import socket
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -387,66 +387,3 @@ class BlockingHttpClient:
 
     def close(self) -> None:
         self._drop_idle()
-
-
-AsgiApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Any]
-
-
-class AsgiClient:
-    """The same interface, served by an ASGI app in this process (the launcher's direct mode).
-    ``timeout`` bounds each call (``TimeoutError``)."""
-
-    def __init__(self, app: AsgiApp, timeout: float | None = None) -> None:
-        self._app = app
-        self._timeout = timeout
-
-    async def request(
-        self, method: str, target: str, headers: Iterable[tuple[bytes, bytes]] = (), body: bytes | None = None
-    ) -> HttpResponse:
-        async with asyncio.timeout(self._timeout):
-            return await self._serve(method, target, headers, body)
-
-    async def _serve(
-        self, method: str, target: str, headers: Iterable[tuple[bytes, bytes]], body: bytes | None
-    ) -> HttpResponse:
-        from urllib.parse import unquote
-
-        path, _, query = target.partition("?")
-        scope: dict[str, Any] = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": method,
-            "scheme": "http",
-            "path": unquote(path),
-            "raw_path": path.encode(),
-            "query_string": query.encode(),
-            "root_path": "",
-            "headers": [(k.lower(), v) for k, v in headers] + [(b"content-length", str(len(body or b"")).encode())],
-            "client": ("127.0.0.1", 0),
-            "server": ("127.0.0.1", 0),
-        }
-        sent = False
-        response = HttpResponse(500, [], b"")
-        chunks: list[bytes] = []
-
-        async def receive() -> dict[str, Any]:
-            nonlocal sent
-            if sent:
-                await asyncio.Event().wait()  # nothing more: wait as a client that keeps the connection
-            sent = True
-            return {"type": "http.request", "body": body or b"", "more_body": False}
-
-        async def send(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                response.status = int(message["status"])
-                response.headers = [(bytes(k).lower(), bytes(v)) for k, v in message.get("headers", [])]
-            elif message["type"] == "http.response.body":
-                chunks.append(bytes(message.get("body", b"")))
-
-        await self._app(scope, receive, send)
-        response.body = b"".join(chunks)
-        return response
-
-    async def aclose(self) -> None:
-        return None
