@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 from granian._granian import ListenerSpec
 from granian._granian import RSGIHTTPProtocol as HTTPProtocol
+from granian._granian import RSGIProtocolClosed as ProtocolClosed
+from granian._granian import RSGIProtocolError as ProtocolError
 from granian.constants import HTTPModes, Interfaces
 from granian.log import LogLevels
 from granian.rsgi import Scope
@@ -27,6 +29,7 @@ from granian.server.embed import Server
 from sessionmem_core.env import ServingLimits
 from sessionmem_core.errors import (
     HeadersTooLarge,
+    InvalidRequest,
     Overloaded,
     PayloadTooLarge,
     RequestTimeout,
@@ -100,6 +103,16 @@ class RequestLimits:
         size = 0
         try:
             async with asyncio.timeout(self._limits.body_timeout_seconds):
+                if length is not None and length.isdigit():
+                    # A declared length within the limit bounds what hyper hands over (it frames the body
+                    # by that length): one hand-off for the whole body, where iterating costs one per
+                    # chunk and one more to learn the body ended. It also tells a body cut short (the
+                    # client went away first) from a whole one, which iterating does not: granian's
+                    # iterator just ends. A chunked body's cut is caught by the JSON parser downstream.
+                    try:
+                        return await proto()
+                    except (ProtocolClosed, ProtocolError) as exc:
+                        raise InvalidRequest("the request body ended before its declared length") from exc
                 async for chunk in proto:
                     size += len(chunk)
                     if size > limit:

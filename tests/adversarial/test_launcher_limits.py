@@ -282,6 +282,22 @@ def test_a_body_that_does_not_arrive_in_time_is_a_typed_408(launcher_process: Se
     assert BODY_TIMEOUT * 0.9 <= waited <= BODY_TIMEOUT + SLACK, waited
 
 
+def test_a_body_cut_short_by_its_client_is_never_forwarded(launcher_process: ServiceProcess) -> None:
+    """A client that declares a body, sends a complete-looking prefix of it and stops sending: a typed 400
+    (granian's body iterator would just end there), and nothing of it is stored."""
+    memory_port, _ = _ports(launcher_process)
+    whole = orjson.dumps({"entries": [{"role": "user", "content": "cut short"}]})
+    with socket.create_connection(("127.0.0.1", memory_port)) as sock:
+        head = b"POST /v1/conversations/cut/entries HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        sock.sendall(head + b"content-length: %d\r\n\r\n" % (len(whole) + 10) + whole)
+        sock.shutdown(socket.SHUT_WR)
+        answer = _answer(sock, time.monotonic() + BODY_TIMEOUT + SLACK + 1)
+    assert answer.startswith(b"HTTP/1.1 400") and b"invalid_request" in answer, answer[:300]
+    with httpx.Client(base_url=f"http://127.0.0.1:{memory_port}") as client:
+        read = client.get("/v1/conversations/cut/entries")
+    assert read.status_code == 200 and read.json()["entries"] == [], read.text
+
+
 def test_pipelined_appends_are_stored_in_order_and_answered_in_order(launcher_process: ServiceProcess) -> None:
     memory_port, _ = _ports(launcher_process)
     count = 30
