@@ -51,7 +51,6 @@ class RequestLimits:
         declared = content_length is not None and content_length.isascii() and content_length.isdigit()
         too_large = declared and int(content_length or 0) > limit
         chunks: list[bytes] = []
-        received = 0
         try:
             async with asyncio.timeout(self.serving.body_timeout_seconds):
                 while True:
@@ -62,12 +61,11 @@ class RequestLimits:
                         # a client that left never reads it.
                         raise InvalidRequest("the request body ended early or its framing is malformed")
                     chunk = message.get("body", b"")
-                    received += len(chunk)
-                    meter.received = received
-                    too_large = too_large or received > limit
+                    meter.received += len(chunk)
+                    too_large = too_large or meter.received > limit
                     if not too_large:
                         chunks.append(chunk)
-                    elif received > 2 * limit:
+                    elif meter.received > 2 * limit:
                         break
                     if not message.get("more_body", False):
                         break
