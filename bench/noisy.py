@@ -1,11 +1,12 @@
 """The noisy neighbour: a well-behaved tenant's read latency while another tenant misbehaves on the same proxy.
 
 The victim (one agent) reads the last 40 entries of its conversations on one keep-alive connection, one
-request at a time and paced at a rate a busy agent's turns reach, well inside its quota. It is measured twice
-for the same time: on a quiet proxy, and while a second agent, in a process of its own, runs big exports of a
-huge conversation, appends of the largest body the proxy accepts, and a burst of reads at ten times the
-victim's own rate. The figure is the victim's p99 under noise as a ratio of its quiet p99; the report also
-gives what the noisy tenant was answered (its 429s and 507s are the quotas doing their work).
+request at a time and paced at a rate a busy agent's turns reach, well inside its quota. It is measured in
+alternating rounds of the same length: on a quiet proxy, and while a second agent, in a process of its own,
+runs big exports of a huge conversation, appends of the largest body the proxy accepts, and a burst of reads
+at ten times the victim's own rate. The figure is the victim's p99 under noise as a ratio of its quiet p99,
+each over the samples of every round; the report also gives what the noisy tenant was answered (its 429s
+and 507s are the quotas doing their work).
 
 ``python -m bench.noisy`` runs it on its own (the proxy and a valkey-server of its own, then prints the
 figures); ``make bench`` runs it as the ``noisy`` section.
@@ -42,6 +43,7 @@ EXPORTERS = 3
 APPENDERS = 2
 BURST_FACTOR = 10
 VICTIM_RPS = 100.0
+ROUNDS = 3
 
 
 @dataclass
@@ -61,6 +63,7 @@ class NoisyResult:
     p99_ratio: float
     noisy_answers: dict[str, int] = field(default_factory=dict)
     proxy_workers: int = 2
+    rounds: int = 1
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,11 +121,33 @@ def seed(port: int) -> None:
         conn.close()
 
 
-def measure_victim(port: int, seconds: float) -> VictimRun:
+@dataclass
+class VictimSamples:
+    latencies_ms: list[float] = field(default_factory=list)
+    errors: int = 0
+    seconds: float = 0.0
+
+    def add(self, other: VictimSamples) -> None:
+        self.latencies_ms += other.latencies_ms
+        self.errors += other.errors
+        self.seconds += other.seconds
+
+    def summary(self) -> VictimRun:
+        ordered = sorted(self.latencies_ms)
+        return VictimRun(
+            requests=len(ordered),
+            errors=self.errors,
+            p50_ms=round(statistics.median(ordered), 3),
+            p99_ms=round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 3),
+            max_ms=round(ordered[-1], 3),
+            rps=round(len(ordered) / self.seconds, 1),
+        )
+
+
+def measure_victim(port: int, seconds: float) -> VictimSamples:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     paths = [f"{api.entries_path(f'victim-{i}')}?limit={VICTIM_ENTRIES}" for i in range(VICTIM_CONVERSATIONS)]
-    latencies: list[float] = []
-    errors = 0
+    samples = VictimSamples()
     began = time.perf_counter()
     deadline = began + seconds
     i = 0
@@ -139,21 +164,13 @@ def measure_victim(port: int, seconds: float) -> VictimRun:
                 status = 0
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            latencies.append((time.perf_counter() - sent) * 1000.0)
-            errors += status != 200
+            samples.latencies_ms.append((time.perf_counter() - sent) * 1000.0)
+            samples.errors += status != 200
             i += 1
     finally:
         conn.close()
-    elapsed = time.perf_counter() - began
-    ordered = sorted(latencies)
-    return VictimRun(
-        requests=len(latencies),
-        errors=errors,
-        p50_ms=round(statistics.median(ordered), 3),
-        p99_ms=round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 3),
-        max_ms=round(ordered[-1], 3),
-        rps=round(len(latencies) / elapsed, 1),
-    )
+    samples.seconds = time.perf_counter() - began
+    return samples
 
 
 def hammer(port: int, seconds: float, burst_rps: float) -> dict[str, int]:
@@ -212,7 +229,10 @@ def hammer_priority() -> list[str]:
     return ["nice", "-n", "19"]
 
 
-def run(valkey_url: str, seconds: float, workers: int = 2) -> NoisyResult:
+def run(valkey_url: str, seconds: float, workers: int = 2, rounds: int = ROUNDS) -> NoisyResult:
+    """``rounds`` of (quiet, noisy), ``seconds`` each, the samples of each kind pooled: a p99 over one
+    short run is set by its few slowest requests and swings from run to run, and alternating the two
+    kinds spreads any drift of the machine over both."""
     port = free_port()
     proxy_env = {
         env.AUTH_MODE: "dev",
@@ -223,28 +243,39 @@ def run(valkey_url: str, seconds: float, workers: int = 2) -> NoisyResult:
     argv = [sys.executable, "-m", "sessionmem_proxy", "--workers", str(workers)]
     svc = HttpService(f"proxy-w{workers}", argv, proxy_env, port)
     svc.start()
+    quiet, noisy, answers = VictimSamples(), VictimSamples(), Counter[str]()
     try:
         seed(port)
         measure_victim(port, min(1.0, seconds / 3))  # warm-up
-        quiet = measure_victim(port, seconds)
-        noisy_proc = subprocess.Popen(
-            [*hammer_priority(), sys.executable, "-m", "bench.noisy", "hammer", "--port", str(port),
-             "--seconds", str(seconds + 1.0), "--burst-rps", str(VICTIM_RPS * BURST_FACTOR)],
-            cwd=REPO, env=base_env({}), stdout=subprocess.PIPE,
-        )  # fmt: skip
-        try:
-            time.sleep(0.5)  # the noise is under way before the victim is measured again
-            noisy = measure_victim(port, seconds)
-            out, _ = noisy_proc.communicate(timeout=seconds + 90)
-        finally:
-            if noisy_proc.poll() is None:
-                noisy_proc.kill()
-                noisy_proc.wait()
-        answers = json.loads(out or b"{}")
+        for _ in range(rounds):
+            quiet.add(measure_victim(port, seconds))
+            noisy_sample, answered = _under_noise(port, seconds)
+            noisy.add(noisy_sample)
+            answers.update(answered)
     finally:
         svc.stop()
-    ratio = noisy.p99_ms / quiet.p99_ms if quiet.p99_ms else float("inf")
-    return NoisyResult(quiet, noisy, round(ratio, 2), answers, workers)
+    quiet_run, noisy_run = quiet.summary(), noisy.summary()
+    ratio = noisy_run.p99_ms / quiet_run.p99_ms if quiet_run.p99_ms else float("inf")
+    return NoisyResult(quiet_run, noisy_run, round(ratio, 2), dict(answers), workers, rounds)
+
+
+def _under_noise(port: int, seconds: float) -> tuple[VictimSamples, dict[str, int]]:
+    """The victim measured while the noisy tenant, a process of its own, hammers the proxy."""
+    noisy_proc = subprocess.Popen(
+        [*hammer_priority(), sys.executable, "-m", "bench.noisy", "hammer", "--port", str(port),
+         "--seconds", str(seconds + 1.0), "--burst-rps", str(VICTIM_RPS * BURST_FACTOR)],
+        cwd=REPO, env=base_env({}), stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        time.sleep(0.5)  # the noise is under way before the victim is measured again
+        samples = measure_victim(port, seconds)
+        out, _ = noisy_proc.communicate(timeout=seconds + 90)
+    finally:
+        if noisy_proc.poll() is None:
+            noisy_proc.kill()
+            noisy_proc.wait()
+    answered: dict[str, int] = json.loads(out or b"{}")
+    return samples, answered
 
 
 def main() -> None:
@@ -254,7 +285,8 @@ def main() -> None:
     hammer_args.add_argument("--port", type=int, required=True)
     hammer_args.add_argument("--seconds", type=float, required=True)
     hammer_args.add_argument("--burst-rps", type=float, required=True)
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds, quiet and noisy each")
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per round, quiet and noisy each")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="alternating quiet and noisy rounds, pooled")
     parser.add_argument("--workers", type=int, default=2, help="proxy worker processes")
     args = parser.parse_args()
     if args.command == "hammer":
@@ -263,7 +295,7 @@ def main() -> None:
     valkey = Valkey()
     valkey.start()
     try:
-        result = run(valkey.url, args.seconds, args.workers)
+        result = run(valkey.url, args.seconds, args.workers, args.rounds)
     finally:
         valkey.stop()
     print(json.dumps(result.as_json(), indent=2))

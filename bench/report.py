@@ -341,9 +341,11 @@ def _noisy_rows(results: dict[str, Any]) -> list[list[str]]:
     noisy = results.get("noisy")
     if not noisy:
         return []
+    rounds = noisy.get("rounds", 1)
+    pooled = f" ({rounds} rounds pooled)" if rounds > 1 else ""
     rows = [
         [
-            phase,
+            phase + pooled,
             str(run["requests"]),
             str(run["errors"]),
             f"{run['p50_ms']:.3f}",
@@ -498,9 +500,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         "### Noisy neighbour",
         "",
-        "One agent reads its last 40 entries on one connection, one request at a time; then again while a second "
-        "agent exports a huge conversation from three connections, appends maximal bodies from two, and bursts "
-        "reads at ten times the victim's rate (`python -m bench.noisy`).",
+        "One agent reads its last 40 entries on one connection, one request at a time, 100 a second; in "
+        "alternating rounds, quiet and while a second agent exports a huge conversation from three connections, "
+        "appends maximal bodies from two, and bursts reads at ten times the victim's rate; each kind's samples "
+        "pooled over the rounds (`python -m bench.noisy`).",
         "",
         *_md_table(NOISY_HEADERS, _noisy_rows(results)),
         "",
