@@ -64,21 +64,33 @@ CODE_COMMIT_ENV = "SESSIONMEM_BENCH_CODE_COMMIT"
 _COMPONENTS = ("core", "proxy", "launcher", "client", "demo")
 
 
-def reexec_at_commit(rev: str, module: str, argv: Sequence[str]) -> None:
-    """Run ``python -m <module> <argv>`` again with the components of commit ``rev`` (``git archive``, so
-    the repository's state is not touched) ahead of the working tree on the path of this process and of
-    every process it starts. For a working tree that other people are editing while it is measured."""
-    if os.environ.get(CODE_DIR_ENV):
-        return
+def extract_commit(rev: str, components: Sequence[str] = _COMPONENTS) -> tuple[str, Path]:
+    """(short commit, folder) of ``components`` of commit ``rev`` extracted with ``git archive``, so the
+    repository's state is not touched; the caller removes the folder. CalledProcessError when ``rev`` is
+    not in this clone's history."""
     commit = subprocess.run(
         ["git", "rev-parse", "--short", rev], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
     target = Path(tempfile.mkdtemp(prefix=f"sessionmem-bench-{commit}-"))
-    archive = subprocess.run(["git", "archive", commit, *_COMPONENTS], cwd=REPO, capture_output=True, check=True)
+    archive = subprocess.run(["git", "archive", commit, *components], cwd=REPO, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
-    paths = [str(target / c) for c in _COMPONENTS if (target / c).is_dir()]
+    return commit, target
+
+
+def code_path(target: Path, components: Sequence[str] = _COMPONENTS) -> str:
+    """A PYTHONPATH that puts the extracted components ahead of the working tree's."""
+    return os.pathsep.join(str(target / c) for c in components if (target / c).is_dir())
+
+
+def reexec_at_commit(rev: str, module: str, argv: Sequence[str]) -> None:
+    """Run ``python -m <module> <argv>`` again with the components of commit ``rev`` ahead of the working
+    tree on the path of this process and of every process it starts. For a working tree that other people
+    are editing while it is measured."""
+    if os.environ.get(CODE_DIR_ENV):
+        return
+    commit, target = extract_commit(rev)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([code_path(target), *filter(None, [env.get("PYTHONPATH")])])
     env[CODE_DIR_ENV] = str(target)
     env[CODE_COMMIT_ENV] = commit
     print(f"measuring commit {commit} (extracted to {target})", flush=True)
@@ -311,7 +323,8 @@ class HttpService:
         self.process.stop()
 
 
-def proxy(valkey_url: str, workers: int) -> HttpService:
+def proxy(valkey_url: str, workers: int, name: str | None = None, pythonpath: str | None = None) -> HttpService:
+    """The proxy with ``workers`` workers; with ``pythonpath``, the code found there (another commit's)."""
     port = free_port()
     env = {
         "SESSIONMEM_AUTH_MODE": "dev",
@@ -323,8 +336,10 @@ def proxy(valkey_url: str, workers: int) -> HttpService:
         "SESSIONMEM_QUOTA_BURST": "1000000",
         "SESSIONMEM_QUOTA_BYTES_PER_SECOND": str(1 << 40),
     }
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([pythonpath, *filter(None, [os.environ.get("PYTHONPATH")])])
     return HttpService(
-        f"proxy-w{workers}", [sys.executable, "-m", "sessionmem_proxy", "--workers", str(workers)], env, port
+        name or f"proxy-w{workers}", [sys.executable, "-m", "sessionmem_proxy", "--workers", str(workers)], env, port
     )
 
 

@@ -47,8 +47,28 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 # The run this change is compared with (issue #17's budgets): the last measurement of the proxy and the
 # launcher on the project's own HTTP server, before both moved to granian.
-BASELINE_PATH = Path(__file__).resolve().parent / "results" / "baseline-c353272.json"
-BASELINE_LABEL = "c353272 (own HTTP server)"
+BASELINE_COMMIT = "c353272"
+BASELINE_PATH = Path(__file__).resolve().parent / "results" / f"baseline-{BASELINE_COMMIT}.json"
+BASELINE_LABEL = f"{BASELINE_COMMIT} (own HTTP server)"
+# The baseline's proxy measured in the same run (bench.suite.Suite.proxy_before): its results' keys and
+# process tree. Where a run has them they are the "before"; the stored run is the fallback (and the
+# launcher's only "before": its old loads cannot be replayed on today's launcher).
+BEFORE_TREE = "proxy-before"
+
+
+def before_key(key: str) -> str:
+    return f"before.{key}"
+
+
+def before_cpu(results: dict[str, Any], baseline: dict[str, Any], key: str, tree: str) -> tuple[float | None, bool]:
+    """(the baseline's CPU per request for ``key``, whether it was measured in this run)."""
+    measured = _get(results.get("http", {}), before_key(key), "cpu_us_per_request", BEFORE_TREE)
+    if measured:
+        return float(measured), True
+    stored = _get(baseline.get("http", {}), key, "cpu_us_per_request", tree)
+    return (float(stored) if stored else None), False
+
+
 # (row label, http key, process tree) of the CPU-per-request figures compared with the baseline.
 BEFORE_AFTER = (
     ("proxy read(40), 1 worker, 64 conns", "proxy.w1.read.c64", "proxy-w1"),
@@ -70,7 +90,7 @@ def baseline_results() -> dict[str, Any]:
 def derive(results: dict[str, Any], baseline: dict[str, Any] | None = None) -> dict[str, float | None]:
     http = results.get("http", {})
     agents = results.get("agents", {})
-    before = (baseline if baseline is not None else baseline_results()).get("http", {})
+    stored = baseline if baseline is not None else baseline_results()
 
     def rps(key: str) -> float | None:
         value = _get(http, key, "rps")
@@ -107,8 +127,7 @@ def derive(results: dict[str, Any], baseline: dict[str, Any] | None = None) -> d
         return (os.cpu_count() or 1) / cpu_seconds_per_request / w1
 
     def cpu_vs_before(key: str, tree: str) -> float | None:
-        old = _get(before, key, "cpu_us_per_request", tree)
-        return _ratio(cpu(key, tree), float(old) if old else None)
+        return _ratio(cpu(key, tree), before_cpu(results, stored, key, tree)[0])
 
     session = turn("sessionmem.agents_session")
     noisy = results.get("noisy", {})
@@ -313,11 +332,12 @@ def _before_after_rows(results: dict[str, Any], baseline: dict[str, Any]) -> lis
     rows = []
     for label, key, tree in BEFORE_AFTER:
         now = _get(results.get("http", {}), key, "cpu_us_per_request", tree)
-        old = _get(baseline.get("http", {}), key, "cpu_us_per_request", tree)
+        old, in_run = before_cpu(results, baseline, key, tree)
         if now is None and old is None:
             continue
-        ratio = _ratio(float(now) if now else None, float(old) if old else None)
-        rows.append([label, _num(old, ".0f") + " µs", _num(now, ".0f") + " µs", _num(ratio, ".2f") + "x"])
+        ratio = _ratio(float(now) if now else None, old)
+        when = " (this run)" if in_run else " (stored run)"
+        rows.append([label, _num(old, ".0f") + " µs" + when, _num(now, ".0f") + " µs", _num(ratio, ".2f") + "x"])
     for label, field in (
         ("launcher RSS after load", "rss_kib_after_load"),
         ("launcher RSS at ready", "rss_kib_at_ready_median"),

@@ -6,7 +6,9 @@ at the end, whatever happens.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +21,8 @@ from bench.procs import (
     HttpService,
     Valkey,
     bench_authorization,
+    code_path,
+    extract_commit,
     hello,
     launcher,
     machine_busy_seconds,
@@ -191,6 +195,8 @@ class Suite:
                 self.framework_ceiling()
             if self.wanted("proxy") or self.wanted("history"):
                 self.proxy_one_worker()
+            if self.wanted("proxy"):
+                self.proxy_before()
             needs_two = self.wanted("proxy") or self.wanted("full") or self.wanted("agents") or self.wanted("startup")
             if needs_two:
                 self.proxy_two_workers_and_beyond()
@@ -222,6 +228,7 @@ class Suite:
         data.seed(url, [data.proxy_key(c) for c in data.conversation_ids("r40")], data.READ_LIMIT)
         # Append targets start two entries below the cap: every measured append trims (the steady state).
         data.seed(url, [data.proxy_key(c) for c in data.conversation_ids("a")], data.CAP - 2)
+        data.seed(url, [data.proxy_key(c) for c in data.conversation_ids("b")], data.CAP - 2)
         data.seed(url, data.ceiling_keys("read"), data.CAP)
         data.seed(url, data.ceiling_keys("append"), data.CAP - 2)
         entry_bytes = data.stored_entry_bytes(url, data.proxy_key("r500-0"))
@@ -331,6 +338,43 @@ class Suite:
                             1,
                             [svc],
                         )
+
+    def proxy_before(self) -> None:
+        """The proxy of the commit issue #17's budgets compare with, measured in this run on this machine
+        with the same loads: a figure stored from another day is off by the machine's drift (up to a
+        fifth between days here). Its appends go to conversations of their own, seeded alike."""
+        assert self.valkey is not None
+        try:
+            commit, code = extract_commit(report.BASELINE_COMMIT, ("core", "proxy"))
+        except (OSError, subprocess.CalledProcessError) as exc:
+            self.r.notes.append(
+                f"{report.BASELINE_COMMIT} not measured in this run ({exc}): compared with its stored run"
+            )
+            return
+        self.log(f"proxy of {commit} (before issue #17), 1 worker")
+        try:
+            with self.service(proxy(self.valkey.url, 1, report.BEFORE_TREE, code_path(code, ("core", "proxy")))) as svc:
+                reads, appends, body = self._read_paths("r500"), self._append_paths("b"), data.exchange_body()
+                self.http(
+                    report.before_key("proxy.w1.read.c64"),
+                    f"{commit} proxy read(40), 1 worker, 64 conns",
+                    svc.port,
+                    reads,
+                    64,
+                    [svc],
+                )
+                self.http(
+                    report.before_key("proxy.w1.append.c64"),
+                    f"{commit} proxy append(2), 1 worker, 64 conns",
+                    svc.port,
+                    appends,
+                    64,
+                    [svc],
+                    method="POST",
+                    body=body,
+                )
+        finally:
+            shutil.rmtree(code, ignore_errors=True)
 
     def proxy_two_workers_and_beyond(self) -> None:
         assert self.valkey is not None
