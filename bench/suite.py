@@ -304,17 +304,7 @@ class Suite:
         with self.service(proxy(self.valkey.url, 1)) as svc:
             reads, appends, body = self._read_paths("r500"), self._append_paths(), data.exchange_body()
             if self.wanted("proxy"):
-                self.http("proxy.w1.read.c64", "proxy read(40), 1 worker, 64 conns", svc.port, reads, 64, [svc])
-                self.http(
-                    "proxy.w1.append.c64",
-                    "proxy append(2), 1 worker, 64 conns",
-                    svc.port,
-                    appends,
-                    64,
-                    [svc],
-                    method="POST",
-                    body=body,
-                )
+                self._read_and_append(svc, "proxy.w1", "proxy {op}, 1 worker, 64 conns", 64)
                 self.http("proxy.w1.read.c1", "proxy read(40), 1 worker, 1 conn", svc.port, reads, 1, [svc])
                 self.http(
                     "proxy.w1.append.c1",
@@ -339,6 +329,24 @@ class Suite:
                             [svc],
                         )
 
+    def _read_and_append(
+        self, svc: HttpService, key: str, label: str, connections: int, append_prefix: str = "a"
+    ) -> None:
+        """The read(40) and append(2) loads on one proxy: results ``<key>.read.c<N>`` and ``<key>.append.c<N>``,
+        labelled ``label`` with ``{op}`` filled in."""
+        self.http(
+            f"{key}.read.c{connections}",
+            label.format(op="read(40)"),
+            svc.port,
+            self._read_paths("r500"),
+            connections,
+            [svc],
+        )
+        self.http(
+            f"{key}.append.c{connections}", label.format(op="append(2)"), svc.port,
+            self._append_paths(append_prefix), connections, [svc], method="POST", body=data.exchange_body(),
+        )  # fmt: skip
+
     def proxy_before(self) -> None:
         """The proxy of the commit issue #17's budgets compare with, measured in this run on this machine
         with the same loads: a figure stored from another day is off by the machine's drift (up to a
@@ -354,25 +362,8 @@ class Suite:
         self.log(f"proxy of {commit} (before issue #17), 1 worker")
         try:
             with self.service(proxy(self.valkey.url, 1, report.BEFORE_TREE, code_path(code, ("core", "proxy")))) as svc:
-                reads, appends, body = self._read_paths("r500"), self._append_paths("b"), data.exchange_body()
-                self.http(
-                    report.before_key("proxy.w1.read.c64"),
-                    f"{commit} proxy read(40), 1 worker, 64 conns",
-                    svc.port,
-                    reads,
-                    64,
-                    [svc],
-                )
-                self.http(
-                    report.before_key("proxy.w1.append.c64"),
-                    f"{commit} proxy append(2), 1 worker, 64 conns",
-                    svc.port,
-                    appends,
-                    64,
-                    [svc],
-                    method="POST",
-                    body=body,
-                )
+                key, label = report.before_key("proxy.w1"), f"{commit} proxy {{op}}, 1 worker, 64 conns"
+                self._read_and_append(svc, key, label, 64, append_prefix="b")
         finally:
             shutil.rmtree(code, ignore_errors=True)
 
@@ -381,19 +372,8 @@ class Suite:
         workers = 2
         self.log("proxy, 2 workers")
         with self.service(proxy(self.valkey.url, workers)) as svc:
-            reads, appends, body = self._read_paths("r500"), self._append_paths(), data.exchange_body()
             if self.wanted("proxy"):
-                self.http("proxy.w2.read.c64", "proxy read(40), 2 workers, 64 conns", svc.port, reads, 64, [svc])
-                self.http(
-                    "proxy.w2.append.c64",
-                    "proxy append(2), 2 workers, 64 conns",
-                    svc.port,
-                    appends,
-                    64,
-                    [svc],
-                    method="POST",
-                    body=body,
-                )
+                self._read_and_append(svc, "proxy.w2", "proxy {op}, 2 workers, 64 conns", 64)
             if self.s.full_path_proxy_workers != workers and (self.wanted("full") or self.wanted("agents")):
                 svc.stop()
                 svc = self._stack.enter_context(self.service(proxy(self.valkey.url, self.s.full_path_proxy_workers)))
