@@ -36,6 +36,7 @@ from sessionmem_core.errors import (
     SessionMemError,
     UriTooLong,
 )
+from sessionmem_infra.deadlines import Deadlines
 from sessionmem_infra.serving import http1_settings, open_connections
 
 JSON = "application/json"
@@ -53,11 +54,12 @@ class RsgiApp(Protocol):
 class RequestLimits:
     """The per-request checks of one listener, and its count of requests in flight."""
 
-    __slots__ = ("_limits", "in_flight")
+    __slots__ = ("_body_deadlines", "_limits", "in_flight")
 
     def __init__(self, limits: ServingLimits) -> None:
         self._limits = limits
         self.in_flight = 0
+        self._body_deadlines = Deadlines(limits.body_timeout_seconds)
 
     async def serve(
         self, scope: Scope, proto: HTTPProtocol, handler: Callable[[Scope, HTTPProtocol], Awaitable[None]]
@@ -102,7 +104,7 @@ class RequestLimits:
         chunks: list[bytes] = []
         size = 0
         try:
-            async with asyncio.timeout(self._limits.body_timeout_seconds):
+            with self._body_deadlines.timeout():
                 if length is not None and length.isdigit():
                     # A declared length within the limit bounds what hyper hands over (it frames the body
                     # by that length): one hand-off for the whole body, where iterating costs one per

@@ -4,12 +4,12 @@ enforces which limit: the HTTP server, granian/hyper, bounds the head's bytes an
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from sessionmem_core.env import ServingLimits
 from sessionmem_core.errors import HeadersTooLarge, InvalidRequest, PayloadTooLarge, RequestTimeout, UriTooLong
+from sessionmem_infra.deadlines import Deadlines
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
@@ -17,13 +17,14 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 class RequestLimits:
     """The checks of the serving limits that the app makes itself, per request."""
 
-    __slots__ = ("max_in_flight", "serving", "stall_timeout_seconds")
+    __slots__ = ("_body_deadlines", "max_in_flight", "serving", "stall_timeout_seconds")
 
     def __init__(self, serving: ServingLimits) -> None:
         self.serving = serving
         self.max_in_flight = serving.max_connections
         # A streamed answer the client stops reading is cut off after this long without progress.
         self.stall_timeout_seconds = serving.idle_timeout_seconds
+        self._body_deadlines = Deadlines(serving.body_timeout_seconds)
 
     def check_head(self, raw_path: bytes, query: bytes, headers: Iterable[tuple[bytes, bytes]]) -> None:
         """414 for a URL over the limit, 431 for too many header fields or too many header bytes."""
@@ -53,7 +54,7 @@ class RequestLimits:
         too_large = expected > limit
         chunks: list[bytes] = []
         try:
-            async with asyncio.timeout(self.serving.body_timeout_seconds):
+            with self._body_deadlines.timeout():
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
