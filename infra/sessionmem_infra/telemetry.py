@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from opentelemetry import trace
@@ -82,20 +82,39 @@ class MemorySpan:
         self._span.set_attribute(key, value)
 
 
+class _UnrecordedSpan(AbstractContextManager[MemorySpan]):
+    """The span of a tracer that exports nothing: attributes are collected and dropped."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> MemorySpan:
+        return MemorySpan(trace.INVALID_SPAN)
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_UNRECORDED = _UnrecordedSpan()
+
+
 class MemoryTracer:
     def __init__(self, provider: TracerProvider, component: str) -> None:
         self._tracer: Tracer = provider.get_tracer("sessionmem")
         self._component = component
         self.recording = not isinstance(provider, trace.NoOpTracerProvider)
 
-    @contextmanager
     def span(
         self, op: str, conversation_id: str, traceparent: str | None, tracestate: str | None = None
-    ) -> Iterator[MemorySpan]:
+    ) -> AbstractContextManager[MemorySpan]:
         if not self.recording:
-            # No exporter: skip the OpenTelemetry context machinery on the hot path entirely.
-            yield MemorySpan(trace.INVALID_SPAN)
-            return
+            # No exporter: skip the OpenTelemetry context machinery, and a generator's, on the hot path.
+            return _UNRECORDED
+        return self._recorded_span(op, conversation_id, traceparent, tracestate)
+
+    @contextmanager
+    def _recorded_span(
+        self, op: str, conversation_id: str, traceparent: str | None, tracestate: str | None
+    ) -> Iterator[MemorySpan]:
         started = time.perf_counter()
         with self._tracer.start_as_current_span(
             f"memory.{op}",

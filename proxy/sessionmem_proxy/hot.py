@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from sessionmem_core import wire
 from sessionmem_proxy.context import ProxyContext, conversation_operation
 from sessionmem_proxy.replies import Reply, memory_reply
-from sessionmem_proxy.store import NewEntry
+from sessionmem_proxy.store import EntryToStore, NewEntry
 
 Params = dict[str, Any]
 
@@ -27,10 +27,11 @@ def operation(ctx: ProxyContext, op: str, p: Params) -> conversation_operation:
     )
 
 
-async def new_entries(ctx: ProxyContext, entries: Sequence[wire.EntryIn], redact: str) -> list[NewEntry]:
+async def new_entries(ctx: ProxyContext, entries: Sequence[wire.EntryIn], redact: str) -> Sequence[EntryToStore]:
+    """The entries to store: the request's own, or redacted copies when the request asks for redaction."""
     redactor = ctx.redaction.chain(redact.split(",")) if redact else None
     if redactor is None:
-        return [NewEntry(role=e.role.value, content=e.content, id=e.id) for e in entries]
+        return entries
     contents = await ctx.redaction.apply(redactor, [e.content for e in entries])
     return [NewEntry(role=e.role.value, content=c, id=e.id) for e, c in zip(entries, contents, strict=True)]
 

@@ -17,7 +17,7 @@ _JSON_HEADERS: Headers = ((b"content-type", JSON),)
 _SCOPE, _ENTRIES, _VERSION = (h.encode() for h in (api.SCOPE_HEADER, api.ENTRIES_HEADER, api.VERSION_HEADER))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is built per request (see sessionmem_proxy.store.AppendResult)
 class Reply:
     status: int
     headers: Headers

@@ -303,14 +303,32 @@ def version_of(raw_entry: bytes) -> int:
     return int(match.group(1)) if match else 0
 
 
-@dataclass(frozen=True, slots=True)
+class EntryToStore(Protocol):
+    """What the store writes of one entry: a request's entry as validated (``wire.EntryIn``), or a
+    ``NewEntry`` the proxy made (a redacted copy)."""
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def content(self) -> str: ...
+
+    @property
+    def id(self) -> str | None: ...
+
+
+# The value objects built for every request are plain (not frozen) slotted dataclasses: building a frozen
+# one costs about three times as much (its __init__ goes through object.__setattr__). Nothing mutates them.
+
+
+@dataclass(slots=True)
 class NewEntry:
     role: str
     content: str
     id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AppendResult:
     version: int
     stored: int
@@ -327,7 +345,7 @@ class AppendResult:
         return self.stored == 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReadResult:
     version: int
     raw_entries: list[bytes]
@@ -350,7 +368,7 @@ class Usage:
     verdict: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StorageLimits:
     """The storage quota a write to ``key`` is admitted against (set by the proxy's quotas, per request)."""
 
@@ -429,7 +447,9 @@ class ValkeyLike(Protocol):
     def scan(self, cursor: int = 0, match: str | None = None, count: int | None = None) -> Any: ...
 
 
-def _entry_args(entries: Sequence[NewEntry], author: str, now_ms: int, client_flags: bool = False) -> list[str | bytes]:
+def _entry_args(
+    entries: Sequence[EntryToStore], author: str, now_ms: int, client_flags: bool = False
+) -> list[str | bytes]:
     """(id, rest-of-entry) pairs; with ``client_flags``, (id, '1' if the client chose it else '0', rest)."""
     args: list[str | bytes] = []
     for entry in entries:
@@ -442,7 +462,7 @@ def _entry_args(entries: Sequence[NewEntry], author: str, now_ms: int, client_fl
     return args
 
 
-def append_args(entries: Sequence[NewEntry], author: str, cap: int, ttl_seconds: int) -> list[Any]:
+def append_args(entries: Sequence[EntryToStore], author: str, cap: int, ttl_seconds: int) -> list[Any]:
     """ARGV of the append script (``APPEND_SCRIPT``) for one batch: what every append sends, and what
     the benchmark's Valkey ceiling sends to measure the same server-side step without the proxy."""
     return [
@@ -475,7 +495,7 @@ class ConversationStore:
         self._read_with_summary = client.register_script(_READ_WITH_SUMMARY)
 
     async def append(
-        self, key: str, entries: Sequence[NewEntry], author: str, cap: int, ttl_seconds: int
+        self, key: str, entries: Sequence[EntryToStore], author: str, cap: int, ttl_seconds: int
     ) -> AppendResult:
         reply = await self._write(self._append, key, append_args(entries, author, cap, ttl_seconds))
         version, stored, length, duplicates, added, created = reply
@@ -529,7 +549,7 @@ class ConversationStore:
     async def replace(
         self,
         key: str,
-        entries: Sequence[NewEntry],
+        entries: Sequence[EntryToStore],
         author: str,
         expected_version: int | None,
         cap: int,
