@@ -21,11 +21,10 @@ from sessionmem_core import api
 from sessionmem_core.capability import Keyring
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import InvalidRequest, Overloaded, SessionMemError
-from sessionmem_core.keys import Owner
 from sessionmem_infra.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_proxy.admin import AdminAuthorizer, DevAdminAuthorizer, KubeAdminAuthorizer
-from sessionmem_proxy.context import ProxyContext, identify
-from sessionmem_proxy.identity import Authenticator, DevAuthenticator
+from sessionmem_proxy.context import VERIFIED_IDENTITY, ProxyContext, identify
+from sessionmem_proxy.identity import AgentIdentity, Authenticator, DevAuthenticator
 from sessionmem_proxy.keying import KeyResolver
 from sessionmem_proxy.kubeapi import KubeAPI
 from sessionmem_proxy.limits import BodyMeter, InFlight, RequestLimits
@@ -125,6 +124,8 @@ class ProxyApp:
             if route.request is None:
                 return await route.handler(self.ctx, values, None)
             uploader = await self._admit_upload(headers)
+            if uploader is not None:
+                values[VERIFIED_IDENTITY] = uploader
             meter = BodyMeter()
             try:
                 raw = await self.limits.read_body(receive, headers.get("content-length"), meter)
@@ -138,26 +139,27 @@ class ProxyApp:
                     # Charged once answered, so the body's own size never refuses it; the agent's next
                     # request finds its bucket in debt if this one took more than was left. Refused
                     # bodies (413, 408, 400) count too: what was read and dropped cost the same.
-                    self.ctx.quotas.charge(uploader, meter.received)
+                    self.ctx.quotas.charge(uploader.owner, meter.received)
         except SessionMemError as exc:
             return _typed(exc)
         except Exception as exc:
             _LOG.exception("unhandled error")
             return internal_error_reply(exc)
 
-    async def _admit_upload(self, headers: Mapping[str, str]) -> Owner | None:
+    async def _admit_upload(self, headers: Mapping[str, str]) -> AgentIdentity | None:
         """The agent's transfer quota, checked before its body is read: an agent whose bucket is in debt
-        is refused without the proxy reading or parsing what it sends. Returns the agent to charge; None
-        when the caller is not (yet) known as an agent, whose request then fails in the route's own order."""
+        is refused without the proxy reading or parsing what it sends. Returns the verified agent, to
+        charge and for the operation to use without verifying it again; None when the caller is not (yet)
+        known as an agent, whose request then fails in the route's own order."""
         quotas, authorization = self.ctx.quotas, headers.get("authorization")
         if quotas is None or authorization is None:
             return None
         try:
-            owner = (await identify(self.ctx, authorization)).owner
+            identity = await identify(self.ctx, authorization)
         except SessionMemError:
             return None
-        await quotas.admit_upload(owner)
-        return owner
+        await quotas.admit_upload(identity.owner)
+        return identity
 
     def openapi(self) -> dict[str, Any]:
         from sessionmem_proxy.openapi import document

@@ -37,6 +37,11 @@ class ProxyContext:
     admin: AdminAuthorizer | None = None
 
 
+# The key, among a request's parsed parameters, of the identity the app verified before reading the body
+# (sessionmem_proxy.app): the operation then uses it instead of verifying the same token again.
+VERIFIED_IDENTITY = "verified_identity"
+
+
 async def identify(ctx: ProxyContext, authorization: str | None) -> AgentIdentity:
     return await ctx.authenticator.authenticate(bearer_token(authorization))
 
@@ -56,7 +61,7 @@ class conversation_operation:  # noqa: N801 - used like the function-style conte
     ``async with conversation_operation(...) as operation``. A class rather than a generator-based context
     manager: it runs twice per agent turn, and the generator machinery cost more than the bookkeeping."""
 
-    __slots__ = ("_args", "_ctx", "_op", "_span_cm", "_started")
+    __slots__ = ("_args", "_ctx", "_identity", "_op", "_span_cm", "_started")
 
     def __init__(
         self,
@@ -67,9 +72,12 @@ class conversation_operation:  # noqa: N801 - used like the function-style conte
         authorization: str | None,
         capability: str | None,
         traceparent: str | None,
+        identity: AgentIdentity | None = None,
     ) -> None:
+        """``identity``: the caller, when already verified from ``authorization`` in this request."""
         self._ctx = ctx
         self._op = op
+        self._identity = identity
         self._args = (conversation_id, scope, authorization, capability, traceparent)
         self._span_cm: AbstractContextManager[MemorySpan] | None = None
         self._started = 0.0
@@ -82,7 +90,7 @@ class conversation_operation:  # noqa: N801 - used like the function-style conte
         span = self._span_cm.__enter__()
         try:
             validate_conversation_id(conversation_id)
-            identity = await identify(ctx, authorization)
+            identity = self._identity or await identify(ctx, authorization)
             key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, capability)
             if ctx.quotas is not None:
                 await ctx.quotas.admit(self._op, identity.owner, key)

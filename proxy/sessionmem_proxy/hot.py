@@ -13,7 +13,7 @@ import orjson
 from pydantic import BaseModel
 
 from sessionmem_core import wire
-from sessionmem_proxy.context import ProxyContext, conversation_operation
+from sessionmem_proxy.context import VERIFIED_IDENTITY, ProxyContext, conversation_operation
 from sessionmem_proxy.replies import Reply, memory_reply
 from sessionmem_proxy.store import EntryToStore, NewEntry
 
@@ -23,7 +23,14 @@ Params = dict[str, Any]
 def operation(ctx: ProxyContext, op: str, p: Params) -> conversation_operation:
     """The operation on the conversation a request names, from the parameters every such route takes."""
     return conversation_operation(
-        ctx, op, p["conversation_id"], p["scope"], p["authorization"], p["capability"], p["traceparent"]
+        ctx,
+        op,
+        p["conversation_id"],
+        p["scope"],
+        p["authorization"],
+        p["capability"],
+        p["traceparent"],
+        p.get(VERIFIED_IDENTITY),
     )
 
 

@@ -50,7 +50,8 @@ class KeyResolver:
         Fail closed: when the AgentDeployment could not be read, a request without a user is 503."""
         if self._policies is None:
             return
-        per_user = (await self._policies.limits_of(identity.owner)).per_user
+        policies = self._policies
+        per_user = (policies.cached(identity.owner) or await policies.limits_of(identity.owner)).per_user
         if per_user is None:
             raise AuthUnavailable(f"cannot tell whether {identity.owner.author} keeps memory per user")
         if per_user:

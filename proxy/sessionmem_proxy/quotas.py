@@ -105,6 +105,10 @@ def _positive(value: Any, default: float) -> float:
 class LimitSource(Protocol):
     async def limits_of(self, owner: Owner) -> QuotaLimits: ...
 
+    def cached(self, owner: Owner) -> QuotaLimits | None:
+        """The agent's limits when known without waiting (most requests): no coroutine to run."""
+        ...
+
 
 class DefaultLimits:
     """The same limits for every agent (dev auth mode, or a proxy told nothing else)."""
@@ -113,6 +117,9 @@ class DefaultLimits:
         self._limits = limits
 
     async def limits_of(self, owner: Owner) -> QuotaLimits:
+        return self._limits
+
+    def cached(self, owner: Owner) -> QuotaLimits:
         return self._limits
 
 
@@ -133,10 +140,16 @@ class KubeAgentLimits:
         self._inflight: dict[Owner, asyncio.Future[QuotaLimits]] = {}
         self.api_calls = 0
 
-    async def limits_of(self, owner: Owner) -> QuotaLimits:
+    def cached(self, owner: Owner) -> QuotaLimits | None:
         known = self._known.get(owner)
         if known is not None and time.monotonic() - known[0] < self._cache_seconds:
             return known[1]
+        return None
+
+    async def limits_of(self, owner: Owner) -> QuotaLimits:
+        known = self.cached(owner)
+        if known is not None:
+            return known
         pending = self._inflight.get(owner)
         if pending is not None:
             return await asyncio.shield(pending)
@@ -191,18 +204,20 @@ class Quotas:
         self._streams: dict[Owner, int] = {}
 
     async def policy_of(self, owner: Owner) -> QuotaLimits:
-        return await self._limits.limits_of(owner)
+        return self._limits.cached(owner) or await self._limits.limits_of(owner)
 
     async def admit(self, op: str, owner: Owner, key: str) -> None:
-        limits = await self._limits.limits_of(owner)
-        self._take_token(owner, limits)
-        self._check_transfer(owner, limits)
+        limits = self._limits.cached(owner) or await self._limits.limits_of(owner)
+        now = self._clock()
+        self._take_token(owner, limits, now)
+        self._check_transfer(owner, limits, now)
         if op in WRITES and self._ledger is not None:
             await self._check_storage(limits, key)
 
     async def admit_upload(self, owner: Owner) -> None:
         """Before a body is read: refused (429) while the agent's transfer bucket is in debt."""
-        self._check_transfer(owner, await self._limits.limits_of(owner))
+        limits = self._limits.cached(owner) or await self._limits.limits_of(owner)
+        self._check_transfer(owner, limits, self._clock())
 
     def charge(self, owner: Owner, size: int) -> None:
         """Bytes moved for the agent: its bucket may go into debt, which refuses its next requests."""
@@ -242,21 +257,20 @@ class Quotas:
 
         return end
 
-    def _check_transfer(self, owner: Owner, limits: QuotaLimits) -> None:
+    def _check_transfer(self, owner: Owner, limits: QuotaLimits, now: float) -> None:
         bucket = self._transfers.get(owner)
         if bucket is None:
             if len(self._transfers) >= _REMEMBERED:
                 self._transfers.clear()
-            bucket = self._transfers[owner] = TokenBucket(limits.bytes_burst, self._clock())
+            bucket = self._transfers[owner] = TokenBucket(limits.bytes_burst, now)
             return
-        if bucket.refill(self._clock(), limits.bytes_per_second, limits.bytes_burst) < 0:
+        if bucket.refill(now, limits.bytes_per_second, limits.bytes_burst) < 0:
             wait = -bucket.tokens / limits.bytes_per_second
             raise RateLimited(
                 f"{owner.author} is over its transfer rate of {limits.bytes_per_second:g} bytes/s", math.ceil(wait)
             )
 
-    def _take_token(self, owner: Owner, limits: QuotaLimits) -> None:
-        now = self._clock()
+    def _take_token(self, owner: Owner, limits: QuotaLimits, now: float) -> None:
         bucket = self._buckets.get(owner)
         if bucket is None:
             if len(self._buckets) >= _REMEMBERED:

@@ -250,13 +250,19 @@ class _Lane:
         self._connections: list[_Connection] = []
         self._opening: asyncio.Task[_Connection] | None = None
 
-    async def connection(self) -> _Connection:
-        connections = [c for c in self._connections if not c.closed]
-        self._connections = connections
+    def ready(self) -> _Connection | None:
+        """The least busy usable connection (opening another past ``SPREAD_AT``), or None when the command
+        must wait for one being opened: most commands find one, and then no coroutine runs."""
+        connections = self._connections
         best: _Connection | None = None
+        stale = False
         for candidate in connections:
-            if candidate.usable and (best is None or candidate.live < best.live):
+            if candidate.closed:
+                stale = True
+            elif candidate.usable and (best is None or candidate.live < best.live):
                 best = candidate
+        if stale:
+            connections = self._connections = [c for c in connections if not c.closed]
         limit = self._client.connections
         if best is not None:
             if best.live >= SPREAD_AT and len(connections) < limit and self._opening is None:
@@ -266,6 +272,10 @@ class _Lane:
             raise ValkeyConnectionError("every Valkey connection is full or unresponsive")
         if self._opening is None:
             self._start_opening()
+        return None
+
+    async def opened(self) -> _Connection:
+        """The connection being opened, once it is."""
         assert self._opening is not None
         return await asyncio.shield(self._opening)
 
@@ -332,7 +342,7 @@ class PipelinedValkey:
 
     async def execute(self, command: Sequence[Arg], writes: bool = True) -> Any:
         lane = self._writes if writes else self._reads
-        connection = await lane.connection()
+        connection = lane.ready() or await lane.opened()
         return await connection.send(pack(command))
 
     async def open_connection(self) -> _Connection:

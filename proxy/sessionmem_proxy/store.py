@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import orjson
 from valkey.asyncio.cluster import ValkeyCluster
@@ -517,7 +517,10 @@ class ConversationStore:
         if limit <= 0:
             raw: list[bytes] = await self._guard(self._client.lrange(key, -1, -1))
             return ReadResult(version=version_of(raw[0]) if raw else 0, raw_entries=[])
-        raw = await self._guard(self._client.lrange(key, -limit, -1))
+        try:
+            raw = await self._client.lrange(key, -limit, -1)
+        except _FAILURES as exc:
+            _raise_backend_failure(exc)
         return ReadResult(version=version_of(raw[-1]) if raw else 0, raw_entries=raw)
 
     async def read_with_summary(self, key: str, limit: int) -> ReadResult:
@@ -593,7 +596,10 @@ class ConversationStore:
         if not self._counted:
             return await self._call(script, key, args)
         max_conversations, max_bytes = _write_limits(key)
-        reply = await self._guard(script(keys=[key, *_usage_keys_of(key)], args=[max_conversations, max_bytes, *args]))
+        try:
+            reply = await script(keys=[key, *_usage_keys_of(key)], args=[max_conversations, max_bytes, *args])
+        except _FAILURES as exc:
+            _raise_backend_failure(exc)
         if int(reply[0]):
             raise refusal(int(reply[0]), max_conversations, max_bytes)
         return reply[1]
@@ -602,16 +608,28 @@ class ConversationStore:
     async def _guard(awaitable: Any) -> Any:
         try:
             return await awaitable
-        except (ValkeyConnectionError, ValkeyTimeoutError, OSError) as exc:
-            raise BackendUnavailable(f"memory backend unavailable: {type(exc).__name__}") from exc
-        except ValkeyError as exc:
-            if "LOADING" in str(exc) or "MASTERDOWN" in str(exc) or "CLUSTERDOWN" in str(exc):
-                raise BackendUnavailable(f"memory backend not ready: {exc}") from exc
-            if isinstance(exc, OutOfMemoryError) or "command not allowed when used memory" in str(exc):
-                # maxmemory reached (noeviction): nothing can be written until memory is freed. The server
-                # is up but full, which the caller sees as the documented 503, never a 500.
-                raise BackendUnavailable("memory backend is full (maxmemory reached)") from exc
-            raise
+        except _FAILURES as exc:
+            _raise_backend_failure(exc)
+
+
+# What a Valkey call may raise; ``_raise_backend_failure`` says what the caller sees. The hot paths (append,
+# read) catch these themselves rather than through ``_guard``: one coroutine less per request.
+_FAILURES = (ValkeyError, OSError)
+
+
+def _raise_backend_failure(exc: ValkeyError | OSError) -> NoReturn:
+    """Raise the typed error of a failed Valkey call: BackendUnavailable (503) when the backend is
+    unreachable, not ready or full; any other error as it is."""
+    if isinstance(exc, ValkeyConnectionError | ValkeyTimeoutError | OSError):
+        raise BackendUnavailable(f"memory backend unavailable: {type(exc).__name__}") from exc
+    text = str(exc)
+    if "LOADING" in text or "MASTERDOWN" in text or "CLUSTERDOWN" in text:
+        raise BackendUnavailable(f"memory backend not ready: {exc}") from exc
+    if isinstance(exc, OutOfMemoryError) or "command not allowed when used memory" in text:
+        # maxmemory reached (noeviction): nothing can be written until memory is freed. The server is up
+        # but full, which the caller sees as the documented 503, never a 500.
+        raise BackendUnavailable("memory backend is full (maxmemory reached)") from exc
+    raise exc
 
 
 def tokenize(text: str) -> set[str]:
