@@ -89,7 +89,7 @@ async def append_entries(ctx: ProxyContext, p: Params, body: BaseModel | None) -
                 duplicate,
                 op.scope.encode(),
                 result.length,
-                orjson.dumps(result.duplicate_ids),
+                orjson.dumps(result.duplicate_ids) if result.duplicate_ids else b"[]",
             ),
             op.scope,
             result.stored,

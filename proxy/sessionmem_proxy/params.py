@@ -185,9 +185,11 @@ def parse(params: Sequence[Param], request: RawRequest) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for param in params:
         if param.location == "path":
-            values[param.key] = param.value(request.path_values.get(param.name))
+            raw = request.path_values.get(param.name)
         elif param.location == "query":
-            values[param.key] = param.value(request.query.get(param.name))
+            raw = request.query.get(param.name)
         else:
-            values[param.key] = param.value(request.headers.get(param.name))
+            raw = request.headers.get(param.name)
+        # Most optional parameters are absent from most requests: their default without a call.
+        values[param.key] = param.default if raw is None and not param.required else param.value(raw)
     return values

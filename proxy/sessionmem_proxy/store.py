@@ -508,7 +508,7 @@ class ConversationStore:
             version=int(version),
             stored=int(stored),
             length=int(length),
-            duplicate_ids=tuple(d.decode() if isinstance(d, bytes) else str(d) for d in duplicates),
+            duplicate_ids=_texts(duplicates) if duplicates else (),
             bytes_added=int(added),
             created=bool(created),
         )
@@ -649,6 +649,10 @@ def search_entries(raw_entries: Sequence[bytes], query: str, limit: int) -> list
             scored.append((overlap, position, entry))
     scored.sort(key=lambda item: (item[0], item[1]), reverse=True)
     return [entry for _, _, entry in scored[:limit]]
+
+
+def _texts(replies: Sequence[bytes | str]) -> tuple[str, ...]:
+    return tuple(r.decode() if isinstance(r, bytes) else str(r) for r in replies)
 
 
 def _usage_keys_of(conversation_key: str) -> tuple[str, str]:
