@@ -3,6 +3,7 @@ for a handful of series)."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Mapping
 
@@ -17,13 +18,8 @@ class ProxyMetrics:
 
     def observe(self, op: str, outcome: str, latency_ms: float) -> None:
         self._requests[(op, outcome)] += 1
-        buckets = self._latency_buckets[op]
-        for i, bound in enumerate(_BUCKETS_MS):
-            if latency_ms <= bound:
-                buckets[i] += 1
-                break
-        else:
-            buckets[-1] += 1
+        # The first bucket whose bound is at least the latency; past the last bound, the overflow bucket.
+        self._latency_buckets[op][bisect_left(_BUCKETS_MS, latency_ms)] += 1
         self._latency_sum_ms[op] += latency_ms
 
     def render(self, token_reviews: Mapping[str, Mapping[str, int]] | None = None) -> str:
