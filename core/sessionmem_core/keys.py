@@ -19,7 +19,7 @@ under the ``mem:*`` keys the chart's Valkey ACL lets the proxy touch.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sessionmem_core.ids import validate_conversation_id, validate_dns_label
@@ -34,18 +34,29 @@ class Scope(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Owner:
-    """Whose memory a key belongs to: always derived from a verified identity, never from the body."""
+    """Whose memory a key belongs to: always derived from a verified identity, never from the body.
+
+    Made once per verified identity and then used on every request (as a key of the quota tables, as the
+    author of stored entries): its hash and author are computed once, here."""
 
     namespace: str
     agent: str
+    # ``<namespace>/<agent>``, as stored entries and messages name the agent.
+    author: str = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_dns_label(self.namespace, "namespace")
         validate_dns_label(self.agent, "agent name")
+        object.__setattr__(self, "author", f"{self.namespace}/{self.agent}")
+        object.__setattr__(self, "_hash", hash((self.namespace, self.agent)))
 
-    @property
-    def author(self) -> str:
-        return f"{self.namespace}/{self.agent}"
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Owner], tuple[str, str]]:
+        # Rebuilt (and re-hashed) where it is unpickled: a string's hash differs between processes.
+        return Owner, (self.namespace, self.agent)
 
 
 _BUCKET = re.compile(r"^[0-9a-f]{32}$")

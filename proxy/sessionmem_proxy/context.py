@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
@@ -42,8 +43,10 @@ class ProxyContext:
 VERIFIED_IDENTITY = "verified_identity"
 
 
-async def identify(ctx: ProxyContext, authorization: str | None) -> AgentIdentity:
-    return await ctx.authenticator.authenticate(bearer_token(authorization))
+def identify(ctx: ProxyContext, authorization: str | None) -> Awaitable[AgentIdentity]:
+    """The caller's verified identity, to await (a malformed Authorization raises at once). The
+    authenticator's own coroutine, not one around it: this runs on every request."""
+    return ctx.authenticator.authenticate(bearer_token(authorization))
 
 
 @dataclass(slots=True)

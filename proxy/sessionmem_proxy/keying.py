@@ -12,6 +12,18 @@ from sessionmem_proxy.membership import Membership
 from sessionmem_proxy.quotas import LimitSource
 
 
+def _refuse_per_user_without_user(identity: AgentIdentity, per_user: bool | None) -> None:
+    """A perUser agent (so says its AgentDeployment: the cluster's truth, not a header of the pod) has no
+    memory outside its users' buckets: without a capability it gets 401, never a shared bucket. Fail
+    closed: when the AgentDeployment could not be read (``per_user`` None), a request without a user is 503."""
+    if per_user is None:
+        raise AuthUnavailable(f"cannot tell whether {identity.owner.author} keeps memory per user")
+    if per_user:
+        raise UserCapabilityRequired(
+            f"{identity.owner.author} keeps memory per user: send the {api.USER_CAPABILITY_HEADER} header"
+        )
+
+
 class KeyResolver:
     def __init__(
         self,
@@ -35,7 +47,10 @@ class KeyResolver:
         """
         if user_capability is not None:
             return self.user_prefix(identity, user_capability), Scope.SESSION.value
-        await self._refuse_per_user_without_user(identity)
+        policies = self._policies
+        if policies is not None:
+            limits = policies.cached(identity.owner) or await policies.limits_of(identity.owner)
+            _refuse_per_user_without_user(identity, limits.per_user)
         if requested is Scope.SHARED:
             registry = identity.registry
             if registry is None and self._membership is not None:
@@ -43,21 +58,6 @@ class KeyResolver:
             if registry:
                 return shared_prefix(registry), Scope.SHARED.value
         return session_prefix(identity.owner), Scope.SESSION.value
-
-    async def _refuse_per_user_without_user(self, identity: AgentIdentity) -> None:
-        """A perUser agent (so says its AgentDeployment: the cluster's truth, not a header of the pod) has
-        no memory outside its users' buckets: without a capability it gets 401, never a shared bucket.
-        Fail closed: when the AgentDeployment could not be read, a request without a user is 503."""
-        if self._policies is None:
-            return
-        policies = self._policies
-        per_user = (policies.cached(identity.owner) or await policies.limits_of(identity.owner)).per_user
-        if per_user is None:
-            raise AuthUnavailable(f"cannot tell whether {identity.owner.author} keeps memory per user")
-        if per_user:
-            raise UserCapabilityRequired(
-                f"{identity.owner.author} keeps memory per user: send the {api.USER_CAPABILITY_HEADER} header"
-            )
 
     def bucket_prefix(self, owner: Owner, subject: str) -> str:
         """The prefix of one user's bucket with one agent, for an administrator who names the user."""

@@ -30,7 +30,7 @@ import asyncio
 import collections
 import hashlib
 import ssl
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -340,9 +340,18 @@ class PipelinedValkey:
     def from_url(cls, url: str, timeout_seconds: float, connections: int = DEFAULT_CONNECTIONS) -> PipelinedValkey:
         return cls(Endpoint.from_url(url), timeout_seconds, connections)
 
-    async def execute(self, command: Sequence[Arg], writes: bool = True) -> Any:
+    def execute(self, command: Sequence[Arg], writes: bool = True) -> Awaitable[Any]:
+        """The reply of ``command``, to await. Sent at once on a ready connection, whose future is returned
+        as it is: no coroutine around it, on the path of every command."""
         lane = self._writes if writes else self._reads
-        connection = lane.ready() or await lane.opened()
+        connection = lane.ready()
+        if connection is None:
+            return self._execute_when_opened(lane, command)
+        return connection.send(pack(command))
+
+    @staticmethod
+    async def _execute_when_opened(lane: _Lane, command: Sequence[Arg]) -> Any:
+        connection = await lane.opened()
         return await connection.send(pack(command))
 
     async def open_connection(self) -> _Connection:
