@@ -9,7 +9,8 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,92 @@ class E2ECluster:
                 if time.monotonic() > deadline:
                     raise AssertionError(f"timed out after {timeout}s waiting for {what}: {error}") from error
             time.sleep(0.5)
+
+
+class NodeHiccup(UserWarning):
+    """This host's node did something no cluster should (a pod it never finished stopping) and the test
+    worked around it; the warning carries what the node said."""
+
+
+# Past a pod's grace period, how long its node may still take to report it stopped before the test
+# removes it from the API itself.
+STOP_SLACK_SECONDS = 60.0
+TAIL_LINES = 30
+
+
+def _last_errors(path: Path, is_error: Callable[[str], bool]) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as error:
+        return f"({path}: {error})"
+    return "\n".join([line[:400] for line in lines if is_error(line)][-TAIL_LINES:])
+
+
+def _klog_error(line: str) -> bool:
+    return line[:1] in ("E", "W") and line[1:5].isdigit()  # klog's "E1206 02:39:34.05 ..." prefix
+
+
+def _logrus_error(line: str) -> bool:
+    return "level=error" in line or "level=warning" in line
+
+
+def node_diagnostics(cluster: E2ECluster) -> str:
+    """What the node says now: every pod's phase and readiness, recent warning events, and the last
+    errors of the kubelet and containerd. A failing e2e test carries it in its report, so a CI failure
+    can be read after the cluster is gone."""
+    parts = []
+    for title, args in (
+        ("pods", ("get", "pods", "-A", "-o", "wide")),
+        ("warning events", ("get", "events", "-A", "--field-selector", "type=Warning")),
+    ):
+        try:
+            parts.append(f"--- {title}\n" + cluster.kubectl(*args, timeout=20))
+        except (AssertionError, subprocess.TimeoutExpired) as error:
+            parts.append(f"--- {title}: {error}")
+    logs = cluster.run_dir / "logs"
+    parts.append("--- kubelet errors\n" + _last_errors(logs / "kubelet.log", _klog_error))
+    parts.append("--- containerd errors\n" + _last_errors(logs / "containerd.log", _logrus_error))
+    return "\n".join(parts)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    cluster = getattr(item, "funcargs", {}).get("e2e_cluster")
+    if report.failed and isinstance(cluster, E2ECluster):
+        report.sections.append(("the cluster at failure", node_diagnostics(cluster)))
+    return report
+
+
+def _pod_uid(cluster: E2ECluster, namespace: str, pod: str) -> str:
+    try:
+        return cluster.kubectl("get", f"pod/{pod}", "-n", namespace, "-o", "jsonpath={.metadata.uid}")
+    except AssertionError:
+        return ""  # gone
+
+
+def delete_pod(cluster: E2ECluster, namespace: str, pod: str) -> None:
+    """Deletes a pod gracefully (its own grace period) and returns once it is gone. A pod its node has not
+    finished stopping ``STOP_SLACK_SECONDS`` after that grace period is removed from the API by force, with a NodeHiccup
+    warning: the kubelet kills what outlives its grace period, so a stop that hangs longer is this host's
+    runtime, and a pod left Terminating would keep its StatefulSet from replacing it for every later test."""
+    uid, grace_seconds = cluster.kubectl(
+        *("get", f"pod/{pod}", "-n", namespace),
+        *("-o", "jsonpath={.metadata.uid} {.spec.terminationGracePeriodSeconds}"),
+    ).split()
+    cluster.kubectl("delete", "pod", pod, "-n", namespace, "--wait=false")
+    deadline = time.monotonic() + int(grace_seconds) + STOP_SLACK_SECONDS
+    while _pod_uid(cluster, namespace, pod) == uid:
+        if time.monotonic() > deadline:
+            warnings.warn(
+                NodeHiccup(f"pod {namespace}/{pod} never stopped; removed by force.\n{node_diagnostics(cluster)}"),
+                stacklevel=2,
+            )
+            cluster.kubectl("delete", "pod", pod, "-n", namespace, "--grace-period=0", "--force", "--wait=false")
+            break
+        time.sleep(1)
 
 
 def finished_phase(cluster: E2ECluster, namespace: str, pod: str, timeout: float) -> str:

@@ -12,7 +12,14 @@ from contextlib import contextmanager
 import pytest
 
 from tests.e2e.agents import Turn, deploy_agent, turn
-from tests.e2e.conftest import ROLLOUT_SECONDS, E2ECluster, Release, release_workloads, valkey_cli
+from tests.e2e.conftest import (
+    ROLLOUT_SECONDS,
+    E2ECluster,
+    Release,
+    delete_pod,
+    release_workloads,
+    valkey_cli,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -62,7 +69,7 @@ def test_valkey_keeps_conversations_on_its_volume_across_a_restart(
     old_pod = e2e_cluster.kubectl(
         "get", f"pod/{statefulset}-0", "-n", release.namespace, "-o", "jsonpath={.metadata.uid}"
     )
-    e2e_cluster.kubectl("delete", "pod", f"{statefulset}-0", "-n", release.namespace, "--wait=true", timeout=120)
+    delete_pod(e2e_cluster, release.namespace, f"{statefulset}-0")
     rolled_out(e2e_cluster, release, "valkey")
     new_pod = e2e_cluster.kubectl(
         "get", f"pod/{statefulset}-0", "-n", release.namespace, "-o", "jsonpath={.metadata.uid}"
