@@ -1,10 +1,11 @@
 """``python -m bench.profile``: where the time goes in the proxy's and the launcher's hot paths.
 
-1. py-spy samples the real proxy (1 worker) under read(40) and append load at 64 connections, and the real
-   launcher under the full-path load; each sample's stack is attributed to the deepest layer it recognises
-   (valkey-py, FastAPI parameter handling, the thread-pool hand-off, uvicorn, httpx, ...). A layer's share
-   of the main thread's samples times the process's CPU per request (measured without the profiler) is
-   that layer's cost in CPU microseconds per request.
+1. py-spy samples the real proxy's one granian worker under read(40) and append load at 64 connections,
+   and the real launcher's under the full-path load; each sample of the thread that serves (granian calls
+   the app from Rust) is attributed to the deepest layer it recognises (our modules one by one, httpx,
+   OpenTelemetry, asyncio, ...). The serving thread's samples over the requests answered while sampling
+   are Python's CPU per request, split by layer; the rest of the process's CPU per request (measured
+   without the profiler) is outside Python: granian's Rust threads, C extensions, the kernel.
 2. Experiments on the hello-world app (bench.hello): the same trivial answer behind one piece of what the
    proxy's routes do (a sync or async dependency, the read route's parameter signature, a bare ASGI app),
    so each piece's cost is a difference in CPU per request.
@@ -90,18 +91,42 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("orjson / json", ("(orjson",)),
     ("urllib (query string parse / encode)", ("(urllib/",)),
     ("pathlib (token file read per request)", ("(pathlib",)),
-    ("uvicorn + httptools (HTTP protocol)", ("(uvicorn/",)),
+    ("granian (its Python side: callbacks, future watchers)", ("(granian/_", "(granian/asgi", "(granian/rsgi")),
+    ("uvicorn + httptools (HTTP protocol; the hello-world experiments)", ("(uvicorn/",)),
     ("Starlette/FastAPI routing, middleware, response", ("(starlette/", "(fastapi/")),
 ]
-GENERIC = ("asyncio event loop + stdlib", ("(asyncio/", "Runner.run", "(contextlib", "(typing", "(enum", "(<frozen"))
+# granian's server/ and multiprocessing frames are only the worker's start-up stack under the event loop.
+GENERIC = (
+    "asyncio event loop + stdlib",
+    (
+        "(asyncio/",
+        "Runner.run",
+        "(contextlib",
+        "(typing",
+        "(enum",
+        "(<frozen",
+        "(granian/server/",
+        "(multiprocessing/",
+    ),
+)
+SAMPLE_RATE = 250  # py-spy samples per second
+OUTSIDE_PYTHON = "outside Python (granian's Rust threads, C extensions, the kernel)"
 _LINE = re.compile(r":\d+\)$")
 _PRINT_RSS = "import re\nprint(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
+
+
+# A sample whose deepest Python frame is the worker's start-up stack is time in the C or Rust code that
+# stack called: the event loop (uvloop) and granian's calls into it on the serving thread.
+LOOP_ITSELF = "event loop (uvloop, C) + granian's hand-offs, on the serving thread"
+_START_UP_FRAMES = ("(granian/server/", "(multiprocessing/", "_run_module_as_main")
 
 
 def _layer(frames: list[str]) -> str:
     for name, needles in OWNING_LAYERS:
         if any(n in frame for frame in frames for n in needles):
             return name
+    if any(n in frames[-1] for n in _START_UP_FRAMES):
+        return LOOP_ITSELF
     generic = False
     for frame in reversed(frames):
         for name, needles in LAYERS:
@@ -120,10 +145,20 @@ def _layer(frames: list[str]) -> str:
     return GENERIC[0] if generic else "other"
 
 
+def _serving_thread(frames: list[str]) -> bool:
+    """Whether a stack is the serving thread's: granian calls the app from Rust, so that thread's Python
+    stacks start at the app's own callback, not at ``threading``'s bootstrap (exporter and pool threads)
+    or the interpreter's main module (a process that runs its own event loop: the root frame then is
+    ``_run_module_as_main``, which counts too)."""
+    return not frames[0].startswith("_bootstrap (threading.py")
+
+
 def attribute(raw_profile: Path) -> dict[str, Any]:
-    """Main-thread samples of a py-spy raw (collapsed) profile, by layer; plus the busiest functions."""
+    """The serving thread's samples of a py-spy raw (collapsed) profile, by layer; plus the busiest
+    functions."""
     layers: Counter[str] = Counter()
     functions: Counter[str] = Counter()
+    leaves: Counter[str] = Counter()
     main = other_threads = 0
     for line in raw_profile.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -131,11 +166,12 @@ def attribute(raw_profile: Path) -> dict[str, Any]:
             continue
         count = int(count_text)
         frames = stack.split(";")
-        if not any("_run_module_as_main" in f for f in frames[:2]):
+        if not _serving_thread(frames):
             other_threads += count
             continue
         main += count
         layers[_layer(frames)] += count
+        leaves[_LINE.sub(")", frames[-1])] += count
         for frame in {_LINE.sub(")", f) for f in frames}:
             functions[frame] += count
     total = max(1, main)
@@ -144,6 +180,7 @@ def attribute(raw_profile: Path) -> dict[str, Any]:
         "other_thread_samples": other_threads,
         "layers": {k: round(v / total, 4) for k, v in layers.most_common()},
         "top_inclusive": [(f, round(n / total, 4)) for f, n in functions.most_common(40)],
+        "top_self": [(f, round(n / total, 4)) for f, n in leaves.most_common(40)],
     }
 
 
@@ -157,7 +194,7 @@ def _py_spy() -> str:
 @contextlib.contextmanager
 def sampling(pid: int, seconds: float, out: Path) -> Iterator[None]:
     """py-spy records ``pid`` for ``seconds`` in the background while the body runs a load."""
-    argv = [_py_spy(), "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "250", "--nonblocking"]
+    argv = [_py_spy(), "record", "-p", str(pid), "-d", str(int(seconds)), "-r", str(SAMPLE_RATE), "--nonblocking"]
     argv += ["-f", "raw", "-o", str(out)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -219,26 +256,35 @@ class Profiler:
             counter.join()
         out = self.tmp / f"{name}.txt"
         long_load = Load(**{**vars(load), "duration": self.seconds + 2, "warmup": 0.0})
-        runner = threading.Thread(target=run_load, args=(long_load, {}), daemon=True)
+        sampled: list[LoadResult] = []
+        runner = threading.Thread(target=lambda: sampled.append(run_load(long_load, {})), daemon=True)
         runner.start()
         time.sleep(1.0)
-        with sampling(svc.process.pid, self.seconds, out):
+        # The leaf of the process tree is the one worker (granian's master only supervises it).
+        with sampling(svc.process.tree()[-1], self.seconds, out):
             pass
         runner.join()
         attributed = attribute(out)
         cpu_us = clean.cpu_us_per_request.get("server", 0.0)
+        # Python's share of a request: the serving thread's samples over the requests answered while
+        # sampling; the rest of the CPU is outside Python (granian's Rust threads, libvalkey, the kernel).
+        requests_sampled = max(1.0, (sampled[0].rps if sampled else clean.rps) * self.seconds)
+        python_us = min(cpu_us, attributed["main_thread_samples"] / SAMPLE_RATE / requests_sampled * 1e6)
         attributed["cpu_us_per_request"] = cpu_us
+        attributed["python_us_per_request"] = round(python_us, 1)
         attributed["rps"] = round(clean.rps, 1)
-        attributed["layers_us"] = {k: round(v * cpu_us, 1) for k, v in attributed["layers"].items()}
+        attributed["layers_us"] = {k: round(v * python_us, 1) for k, v in attributed["layers"].items()}
+        attributed["layers_us"][OUTSIDE_PYTHON] = round(cpu_us - python_us, 1)
         if upstream_port is not None:
             attributed["upstream_connections_seen"] = len(seen)
             attributed["requests"] = clean.requests
         self.results["profiles"][name] = attributed
-        print(f"\n{name}: {clean.rps:.0f} req/s, {cpu_us:.0f} CPU µs/request (main-thread samples by layer)")
+        print(f"\n{name}: {clean.rps:.0f} req/s, {cpu_us:.0f} CPU µs/request (serving-thread samples by layer)")
         if upstream_port is not None:
             print(f"  connections to the upstream seen during {clean.requests} requests: {len(seen)}")
         for layer, share in attributed["layers"].items():
-            print(f"  {share * 100:5.1f}%  {share * cpu_us:6.0f} µs  {layer}")
+            print(f"  {share * 100:5.1f}%  {share * python_us:6.0f} µs  {layer}")
+        print(f"         {cpu_us - python_us:6.0f} µs  {OUTSIDE_PYTHON}")
 
     def run(self) -> dict[str, Any]:
         valkey = Valkey()
@@ -426,10 +472,12 @@ def render_markdown(results: dict[str, Any]) -> str:
                 f"(polled every 5 ms): {prof['upstream_connections_seen']}.",
                 "",
             ]
-        out += ["| layer (deepest recognised frame) | share of main-thread samples | CPU µs/request |"]
+        out += ["| layer (deepest recognised frame) | share of the serving thread's samples | CPU µs/request |"]
         out += ["| --- | --- | --- |"]
         for layer, share in prof["layers"].items():
             out.append(f"| {layer} | {share * 100:.1f}% | {prof['layers_us'][layer]:.0f} |")
+        if OUTSIDE_PYTHON in prof["layers_us"]:
+            out.append(f"| {OUTSIDE_PYTHON} | - | {prof['layers_us'][OUTSIDE_PYTHON]:.0f} |")
     out += ["", "#### Forwarders: one forwarded GET, by HTTP client (launcher settings)", ""]
     out += ["| client | CPU µs/request | req/s @64 | p50 ms @1 | RSS MiB |", "| --- | --- | --- | --- | --- |"]
     for client, v in results["forwarders"].items():
