@@ -29,9 +29,10 @@ WORKDIR /src
 # python3, not python: a Debian-made base (tools/e2e) has no unversioned `python`; the venv has both.
 RUN python3 -m venv /opt/sessionmem
 
-# Dependencies first (pinned in requirements.txt), so source edits reuse this layer.
-COPY requirements.txt ./
-RUN /opt/sessionmem/bin/pip install --no-cache-dir -r requirements.txt
+# Dependencies first (pinned in requirements.txt, their own dependencies in constraints.txt), so source
+# edits reuse this layer.
+COPY requirements.txt constraints.txt ./
+RUN /opt/sessionmem/bin/pip install --no-cache-dir -r requirements.txt -c constraints.txt
 
 COPY pyproject.toml README.md ./
 COPY core ./core

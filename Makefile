@@ -5,14 +5,20 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: run test lint typecheck unit integration bench soak envtest crds crds-check helm clean openapi \
-	e2e e2e-prereqs e2e-image e2e-binaries e2e-up e2e-down
+	constraints e2e e2e-prereqs e2e-image e2e-binaries e2e-up e2e-down
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-adapters.txt pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt requirements-adapters.txt requirements-faults.txt constraints.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
 	@$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	@touch $(STAMP)
+
+## Rewrites constraints.txt from the development environment (after a requirements file changed).
+constraints: $(STAMP)
+	@$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@{ sed -n '/^#/p' constraints.txt; $(PY) -m pip freeze --exclude-editable | LC_ALL=C sort -f; } > constraints.txt.tmp
+	@mv constraints.txt.tmp constraints.txt
 
 ## The main job: embedded Valkey, proxy, launcher and a demo agent; a conversation survives a cold restart.
 run: $(STAMP)

@@ -34,7 +34,7 @@ rm -rf "$images"/.tmp.*
 base_image="$(bash "$here/base-image.sh")"
 
 # The files `COPY` takes from the context (.dockerignore admits only these).
-context_paths=(Dockerfile .dockerignore pyproject.toml README.md requirements.txt core infra proxy launcher operator demo client)
+context_paths=(Dockerfile .dockerignore pyproject.toml README.md requirements.txt constraints.txt core infra proxy launcher operator demo client)
 content_key() {
     (
         cd "$repo"
