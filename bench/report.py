@@ -56,8 +56,56 @@ BASELINE_LABEL = f"{BASELINE_COMMIT} (own HTTP server)"
 BEFORE_TREE = "proxy-before"
 
 
+# Rounds in which the baseline's proxy and this one are loaded in turn (bench.suite.Suite.proxy_before):
+# ``before_key(key) + round_suffix(n)`` and ``interleaved_key(key) + round_suffix(n)``.
+INTERLEAVED_ROUNDS = 3
+
+
 def before_key(key: str) -> str:
     return f"before.{key}"
+
+
+def interleaved_key(key: str) -> str:
+    return f"interleaved.{key}"
+
+
+def round_suffix(round_: int) -> str:
+    return f".r{round_}"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """This code's and the baseline's CPU per request for one load, and their ratio: from the interleaved
+    rounds when the run has them (medians; the ratio is the median of the rounds' own ratios, each taken a
+    few seconds apart), else from the one run of each (``rounds`` 0)."""
+
+    now: float | None
+    before: float | None
+    ratio: float | None
+    in_run: bool
+    rounds: int
+
+
+def compare_with_before(results: dict[str, Any], baseline: dict[str, Any], key: str, tree: str) -> Comparison:
+    http = results.get("http", {})
+    pairs = []
+    for round_ in range(1, INTERLEAVED_ROUNDS + 1):
+        now = _get(http, interleaved_key(key) + round_suffix(round_), "cpu_us_per_request", tree)
+        old = _get(http, before_key(key) + round_suffix(round_), "cpu_us_per_request", BEFORE_TREE)
+        if now and old:
+            pairs.append((float(now), float(old)))
+    if pairs:
+        return Comparison(
+            statistics.median(n for n, _ in pairs),
+            statistics.median(o for _, o in pairs),
+            statistics.median(n / o for n, o in pairs),
+            True,
+            len(pairs),
+        )
+    value = _get(http, key, "cpu_us_per_request", tree)
+    now_cpu = float(value) if value else None
+    old_cpu, in_run = before_cpu(results, baseline, key, tree)
+    return Comparison(now_cpu, old_cpu, _ratio(now_cpu, old_cpu), in_run, 0)
 
 
 def before_cpu(results: dict[str, Any], baseline: dict[str, Any], key: str, tree: str) -> tuple[float | None, bool]:
@@ -127,7 +175,7 @@ def derive(results: dict[str, Any], baseline: dict[str, Any] | None = None) -> d
         return (os.cpu_count() or 1) / cpu_seconds_per_request / w1
 
     def cpu_vs_before(key: str, tree: str) -> float | None:
-        return _ratio(cpu(key, tree), before_cpu(results, stored, key, tree)[0])
+        return compare_with_before(results, stored, key, tree).ratio
 
     session = turn("sessionmem.agents_session")
     noisy = results.get("noisy", {})
@@ -331,13 +379,21 @@ def _launcher_rows(results: dict[str, Any]) -> list[list[str]]:
 def _before_after_rows(results: dict[str, Any], baseline: dict[str, Any]) -> list[list[str]]:
     rows = []
     for label, key, tree in BEFORE_AFTER:
-        now = _get(results.get("http", {}), key, "cpu_us_per_request", tree)
-        old, in_run = before_cpu(results, baseline, key, tree)
-        if now is None and old is None:
+        seen = compare_with_before(results, baseline, key, tree)
+        if seen.now is None and seen.before is None:
             continue
-        ratio = _ratio(float(now) if now else None, old)
-        when = " (this run)" if in_run else " (stored run)"
-        rows.append([label, _num(old, ".0f") + " µs" + when, _num(now, ".0f") + " µs", _num(ratio, ".2f") + "x"])
+        if seen.rounds:
+            when = f" (this run, median of {seen.rounds} rounds in turn)"
+        else:
+            when = " (this run)" if seen.in_run else " (stored run)"
+        rows.append(
+            [
+                label,
+                _num(seen.before, ".0f") + " µs" + when,
+                _num(seen.now, ".0f") + " µs",
+                _num(seen.ratio, ".2f") + "x",
+            ]
+        )
     for label, field in (
         ("launcher RSS after load", "rss_kib_after_load"),
         ("launcher RSS at ready", "rss_kib_at_ready_median"),

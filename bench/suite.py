@@ -330,12 +330,19 @@ class Suite:
                         )
 
     def _read_and_append(
-        self, svc: HttpService, key: str, label: str, connections: int, append_prefix: str = "a"
+        self,
+        svc: HttpService,
+        key: str,
+        label: str,
+        connections: int,
+        append_prefix: str = "a",
+        round_: int | None = None,
     ) -> None:
-        """The read(40) and append(2) loads on one proxy: results ``<key>.read.c<N>`` and ``<key>.append.c<N>``,
-        labelled ``label`` with ``{op}`` filled in."""
+        """The read(40) and append(2) loads on one proxy: results ``<key>.read.c<N>`` and ``<key>.append.c<N>``
+        (with ``report.round_suffix`` for a round), labelled ``label`` with ``{op}`` filled in."""
+        suffix = "" if round_ is None else report.round_suffix(round_)
         self.http(
-            f"{key}.read.c{connections}",
+            f"{key}.read.c{connections}{suffix}",
             label.format(op="read(40)"),
             svc.port,
             self._read_paths("r500"),
@@ -343,14 +350,17 @@ class Suite:
             [svc],
         )
         self.http(
-            f"{key}.append.c{connections}", label.format(op="append(2)"), svc.port,
+            f"{key}.append.c{connections}{suffix}", label.format(op="append(2)"), svc.port,
             self._append_paths(append_prefix), connections, [svc], method="POST", body=data.exchange_body(),
         )  # fmt: skip
 
     def proxy_before(self) -> None:
-        """The proxy of the commit issue #17's budgets compare with, measured in this run on this machine
-        with the same loads: a figure stored from another day is off by the machine's drift (up to a
-        fifth between days here). Its appends go to conversations of their own, seeded alike."""
+        """The proxy of the commit issue #17's budgets compare with, against this one, in this run on this
+        machine with the same loads: a figure stored from another day is off by the machine's drift (up to
+        a fifth between days here), and two runs a minute apart on this VM differ by up to a quarter. So
+        both proxies run side by side and are loaded in turn, ``report.INTERLEAVED_ROUNDS`` rounds of read
+        and append, the order flipped each round; the report takes the median of the rounds' ratios. The
+        baseline's appends go to conversations of their own, seeded alike."""
         assert self.valkey is not None
         try:
             commit, code = extract_commit(report.BASELINE_COMMIT, ("core", "proxy"))
@@ -359,11 +369,21 @@ class Suite:
                 f"{report.BASELINE_COMMIT} not measured in this run ({exc}): compared with its stored run"
             )
             return
-        self.log(f"proxy of {commit} (before issue #17), 1 worker")
+        self.log(f"proxy of {commit} (before issue #17) and this one, 1 worker each, loaded in turn")
         try:
-            with self.service(proxy(self.valkey.url, 1, report.BEFORE_TREE, code_path(code, ("core", "proxy")))) as svc:
-                key, label = report.before_key("proxy.w1"), f"{commit} proxy {{op}}, 1 worker, 64 conns"
-                self._read_and_append(svc, key, label, 64, append_prefix="b")
+            with (
+                self.service(proxy(self.valkey.url, 1, report.BEFORE_TREE, code_path(code, ("core", "proxy")))) as old,
+                self.service(proxy(self.valkey.url, 1)) as new,
+            ):
+                sides = [
+                    (old, report.before_key("proxy.w1"), f"{commit} proxy {{op}}, 1 worker, 64 conns", "b"),
+                    (new, report.interleaved_key("proxy.w1"), "proxy {op}, 1 worker, 64 conns", "a"),
+                ]
+                for round_ in range(1, report.INTERLEAVED_ROUNDS + 1):
+                    for svc, key, label, prefix in sides if round_ % 2 else sides[::-1]:
+                        self._read_and_append(
+                            svc, key, f"{label}, round {round_}", 64, append_prefix=prefix, round_=round_
+                        )
         finally:
             shutil.rmtree(code, ignore_errors=True)
 
