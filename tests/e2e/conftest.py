@@ -12,6 +12,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,27 @@ def delete_pod(cluster: E2ECluster, namespace: str, pod: str) -> None:
             cluster.kubectl("delete", "pod", pod, "-n", namespace, "--grace-period=0", "--force", "--wait=false")
             break
         time.sleep(1)
+
+
+def force_out_stuck_pods(cluster: E2ECluster, namespace: str, selector: str) -> list[str]:
+    """Removes by force, with a NodeHiccup warning, the pods of ``selector`` still there
+    ``STOP_SLACK_SECONDS`` past their deletion deadline (``deletionTimestamp`` is when the grace period
+    ends), for the reason ``delete_pod`` gives; answers their names."""
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json"))["items"]
+    now = datetime.now(UTC)
+    stuck = [
+        pod["metadata"]["name"]
+        for pod in pods
+        if "deletionTimestamp" in pod["metadata"]
+        and now > datetime.fromisoformat(pod["metadata"]["deletionTimestamp"]) + timedelta(seconds=STOP_SLACK_SECONDS)
+    ]
+    if stuck:
+        warnings.warn(
+            NodeHiccup(f"pods {namespace}/{stuck} never stopped; removed by force.\n{node_diagnostics(cluster)}"),
+            stacklevel=2,
+        )
+        cluster.kubectl("delete", "pods", *stuck, "-n", namespace, "--grace-period=0", "--force", "--wait=false")
+    return stuck
 
 
 def finished_phase(cluster: E2ECluster, namespace: str, pod: str, timeout: float) -> str:
