@@ -95,30 +95,19 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("uvicorn + httptools (HTTP protocol; the hello-world experiments)", ("(uvicorn/",)),
     ("Starlette/FastAPI routing, middleware, response", ("(starlette/", "(fastapi/")),
 ]
-# granian's server/ and multiprocessing frames are only the worker's start-up stack under the event loop.
+# The worker's start-up stack (granian's server/, multiprocessing, runpy) sits under the event loop: a
+# sample whose deepest Python frame is one of these is time in the C or Rust code it called, the event
+# loop (uvloop) and granian's calls into it on the serving thread.
+_START_UP_FRAMES = ("(granian/server/", "(multiprocessing/", "_run_module_as_main")
+LOOP_ITSELF = "event loop (uvloop, C) + granian's hand-offs, on the serving thread"
 GENERIC = (
     "asyncio event loop + stdlib",
-    (
-        "(asyncio/",
-        "Runner.run",
-        "(contextlib",
-        "(typing",
-        "(enum",
-        "(<frozen",
-        "(granian/server/",
-        "(multiprocessing/",
-    ),
+    ("(asyncio/", "Runner.run", "(contextlib", "(typing", "(enum", "(<frozen", *_START_UP_FRAMES),
 )
 SAMPLE_RATE = 250  # py-spy samples per second
 OUTSIDE_PYTHON = "outside Python (granian's Rust threads, C extensions, the kernel)"
 _LINE = re.compile(r":\d+\)$")
 _PRINT_RSS = "import re\nprint(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
-
-
-# A sample whose deepest Python frame is the worker's start-up stack is time in the C or Rust code that
-# stack called: the event loop (uvloop) and granian's calls into it on the serving thread.
-LOOP_ITSELF = "event loop (uvloop, C) + granian's hand-offs, on the serving thread"
-_START_UP_FRAMES = ("(granian/server/", "(multiprocessing/", "_run_module_as_main")
 
 
 def _layer(frames: list[str]) -> str:

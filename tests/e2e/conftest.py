@@ -124,33 +124,13 @@ def _pod_uid(cluster: E2ECluster, namespace: str, pod: str) -> str:
         return ""  # gone
 
 
-def delete_pod(cluster: E2ECluster, namespace: str, pod: str) -> None:
-    """Deletes a pod gracefully (its own grace period) and returns once it is gone. A pod its node has not
-    finished stopping ``STOP_SLACK_SECONDS`` after that grace period is removed from the API by force, with a NodeHiccup
-    warning: the kubelet kills what outlives its grace period, so a stop that hangs longer is this host's
-    runtime, and a pod left Terminating would keep its StatefulSet from replacing it for every later test."""
-    uid, grace_seconds = cluster.kubectl(
-        *("get", f"pod/{pod}", "-n", namespace),
-        *("-o", "jsonpath={.metadata.uid} {.spec.terminationGracePeriodSeconds}"),
-    ).split()
-    cluster.kubectl("delete", "pod", pod, "-n", namespace, "--wait=false")
-    deadline = time.monotonic() + int(grace_seconds) + STOP_SLACK_SECONDS
-    while _pod_uid(cluster, namespace, pod) == uid:
-        if time.monotonic() > deadline:
-            warnings.warn(
-                NodeHiccup(f"pod {namespace}/{pod} never stopped; removed by force.\n{node_diagnostics(cluster)}"),
-                stacklevel=2,
-            )
-            cluster.kubectl("delete", "pod", pod, "-n", namespace, "--grace-period=0", "--force", "--wait=false")
-            break
-        time.sleep(1)
-
-
-def force_out_stuck_pods(cluster: E2ECluster, namespace: str, selector: str) -> list[str]:
-    """Removes by force, with a NodeHiccup warning, the pods of ``selector`` still there
-    ``STOP_SLACK_SECONDS`` past their deletion deadline (``deletionTimestamp`` is when the grace period
-    ends), for the reason ``delete_pod`` gives; answers their names."""
-    pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json"))["items"]
+def force_out_stuck_pods(cluster: E2ECluster, namespace: str, *selector: str) -> list[str]:
+    """Removes by force, with a NodeHiccup warning, the pods ``selector`` (kubectl's ``-l ...`` or
+    ``--field-selector ...``) names that are still there ``STOP_SLACK_SECONDS`` past their deletion deadline
+    (``deletionTimestamp`` is when their grace period ends); answers their names. The kubelet kills what
+    outlives its grace period, so a stop that hangs longer is this host's runtime, and a pod left
+    Terminating would keep its owner from replacing it for every later test."""
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, *selector, "-o", "json"))["items"]
     now = datetime.now(UTC)
     stuck = [
         pod["metadata"]["name"]
@@ -165,6 +145,17 @@ def force_out_stuck_pods(cluster: E2ECluster, namespace: str, selector: str) -> 
         )
         cluster.kubectl("delete", "pods", *stuck, "-n", namespace, "--grace-period=0", "--force", "--wait=false")
     return stuck
+
+
+def delete_pod(cluster: E2ECluster, namespace: str, pod: str) -> None:
+    """Deletes a pod gracefully (its own grace period) and returns once it is gone, forcing it out when its
+    node does not stop it (``force_out_stuck_pods``)."""
+    uid = _pod_uid(cluster, namespace, pod)
+    cluster.kubectl("delete", "pod", pod, "-n", namespace, "--wait=false")
+    while _pod_uid(cluster, namespace, pod) == uid:
+        if force_out_stuck_pods(cluster, namespace, "--field-selector", f"metadata.name={pod}"):
+            break
+        time.sleep(1)
 
 
 def finished_phase(cluster: E2ECluster, namespace: str, pod: str, timeout: float) -> str:

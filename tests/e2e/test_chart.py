@@ -83,7 +83,7 @@ def test_helm_upgrade_and_uninstall_leave_nothing_but_the_crds(
     deadline = time.monotonic() + 30 + STOP_SLACK_SECONDS + 10
     while (left := _release_objects(e2e_cluster, name, namespace)) and time.monotonic() < deadline:
         if all(item.startswith("pod/") for item in left):
-            force_out_stuck_pods(e2e_cluster, namespace, f"app.kubernetes.io/instance={name}")
+            force_out_stuck_pods(e2e_cluster, namespace, "-l", f"app.kubernetes.io/instance={name}")
         time.sleep(1)
     assert left == []
     crds = e2e_cluster.kubectl("get", "crd", "-o", "name")
