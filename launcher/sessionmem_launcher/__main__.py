@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import os
 import sys
 from collections.abc import Sequence
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from sessionmem_core import env
 from sessionmem_core.env import ConfigError, LauncherSettings
+from sessionmem_infra.heap import settle_heap
 
 if TYPE_CHECKING:
     from sessionmem_launcher.server import Launcher
@@ -34,12 +34,7 @@ def bound_garbage_lifetime() -> None:
     them start-up's: the cycles wait, and peak RSS grows with them (docs/benchmarks.md). Freezing
     start-up's objects takes them out of every collection, so a full one scans only what requests left
     behind and can run often."""
-    gc.collect()  # start-up's own garbage first: a frozen cycle is never freed
-    gc.freeze()
-    # A full collection runs only while the objects promoted since the last one are at least a quarter of
-    # those it left behind; that count is taken again here, now without the frozen ones.
-    gc.collect()
-    gc.set_threshold(*GC_THRESHOLDS)
+    settle_heap(GC_THRESHOLDS)
 
 
 def import_launcher_with_small_granian() -> type[Launcher]:

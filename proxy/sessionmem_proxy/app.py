@@ -21,6 +21,7 @@ from sessionmem_core import api
 from sessionmem_core.capability import Keyring
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import InvalidRequest, Overloaded, SessionMemError
+from sessionmem_infra.heap import settle_heap
 from sessionmem_infra.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_proxy.admin import AdminAuthorizer, DevAdminAuthorizer, KubeAdminAuthorizer
 from sessionmem_proxy.context import VERIFIED_IDENTITY, ProxyContext, identify
@@ -44,6 +45,10 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 _LOG = logging.getLogger("sessionmem.proxy")
 _CONTENT_LENGTH = b"content-length"
+# A young collection every 7,000 net allocations instead of CPython's 700: each one traverses what the
+# requests in flight hold besides the new objects, so its cost per request falls with its frequency,
+# while cyclic garbage still waits only a few dozen requests (docs/benchmarks.md).
+GC_THRESHOLDS = (7000, 10, 10)
 
 
 class ProxyApp:
@@ -259,5 +264,8 @@ def create_app(
 
 
 def app_from_env() -> ProxyApp:
-    """The factory each granian worker calls: the app from the environment's settings."""
-    return create_app(ProxySettings.from_env())
+    """The factory each granian worker calls: the app from the environment's settings. The worker's heap
+    is then settled (``sessionmem_infra.heap``): the app is all it keeps for the rest of its life."""
+    app = create_app(ProxySettings.from_env())
+    settle_heap(GC_THRESHOLDS)
+    return app
