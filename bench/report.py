@@ -58,7 +58,7 @@ BEFORE_TREE = "proxy-before"
 
 # Rounds in which the baseline's proxy and this one are loaded in turn (bench.suite.Suite.proxy_before):
 # ``before_key(key) + round_suffix(n)`` and ``interleaved_key(key) + round_suffix(n)``.
-INTERLEAVED_ROUNDS = 3
+INTERLEAVED_ROUNDS = 5
 
 
 def before_key(key: str) -> str:

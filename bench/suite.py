@@ -40,6 +40,7 @@ MAX_ATTEMPTS = 3
 AGENT_ROUNDS = 2
 QUIET_WAIT_BUDGET_S = 90.0  # over the whole run
 RETRY_BUDGET_S = 90.0  # over the whole run
+PROXY_OPS = ("read", "append")
 
 
 @dataclass
@@ -304,7 +305,7 @@ class Suite:
         with self.service(proxy(self.valkey.url, 1)) as svc:
             reads, appends, body = self._read_paths("r500"), self._append_paths(), data.exchange_body()
             if self.wanted("proxy"):
-                self._read_and_append(svc, "proxy.w1", "proxy {op}, 1 worker, 64 conns", 64)
+                self._proxy_loads(svc, "proxy.w1", "proxy {op}, 1 worker, 64 conns", 64)
                 self.http("proxy.w1.read.c1", "proxy read(40), 1 worker, 1 conn", svc.port, reads, 1, [svc])
                 self.http(
                     "proxy.w1.append.c1",
@@ -329,7 +330,7 @@ class Suite:
                             [svc],
                         )
 
-    def _read_and_append(
+    def _proxy_loads(
         self,
         svc: HttpService,
         key: str,
@@ -337,30 +338,36 @@ class Suite:
         connections: int,
         append_prefix: str = "a",
         round_: int | None = None,
+        ops: Sequence[str] = PROXY_OPS,
     ) -> None:
-        """The read(40) and append(2) loads on one proxy: results ``<key>.read.c<N>`` and ``<key>.append.c<N>``
-        (with ``report.round_suffix`` for a round), labelled ``label`` with ``{op}`` filled in."""
+        """The read(40) and append(2) loads (or those of ``ops``) on one proxy: results ``<key>.read.c<N>``
+        and ``<key>.append.c<N>`` (with ``report.round_suffix`` for a round), labelled ``label`` with
+        ``{op}`` filled in."""
         suffix = "" if round_ is None else report.round_suffix(round_)
-        self.http(
-            f"{key}.read.c{connections}{suffix}",
-            label.format(op="read(40)"),
-            svc.port,
-            self._read_paths("r500"),
-            connections,
-            [svc],
-        )
-        self.http(
-            f"{key}.append.c{connections}{suffix}", label.format(op="append(2)"), svc.port,
-            self._append_paths(append_prefix), connections, [svc], method="POST", body=data.exchange_body(),
-        )  # fmt: skip
+        if "read" in ops:
+            self.http(
+                f"{key}.read.c{connections}{suffix}",
+                label.format(op="read(40)"),
+                svc.port,
+                self._read_paths("r500"),
+                connections,
+                [svc],
+            )
+        if "append" in ops:
+            self.http(
+                f"{key}.append.c{connections}{suffix}", label.format(op="append(2)"), svc.port,
+                self._append_paths(append_prefix), connections, [svc], method="POST", body=data.exchange_body(),
+            )  # fmt: skip
 
     def proxy_before(self) -> None:
         """The proxy of the commit issue #17's budgets compare with, against this one, in this run on this
         machine with the same loads: a figure stored from another day is off by the machine's drift (up to
         a fifth between days here), and two runs a minute apart on this VM differ by up to a quarter. So
-        both proxies run side by side and are loaded in turn, ``report.INTERLEAVED_ROUNDS`` rounds of read
-        and append, the order flipped each round; the report takes the median of the rounds' ratios. The
-        baseline's appends go to conversations of their own, seeded alike."""
+        both proxies run side by side and are loaded in turn, one operation at a time: in each of
+        ``report.INTERLEAVED_ROUNDS`` rounds both take the read load, then both the append load, the order
+        flipped each round, so the two runs compared follow each other (this VM's speed also drifts within
+        a minute). The report takes the median of the rounds' ratios. The baseline's appends go to
+        conversations of their own, seeded alike."""
         assert self.valkey is not None
         try:
             commit, code = extract_commit(report.BASELINE_COMMIT, ("core", "proxy"))
@@ -380,10 +387,10 @@ class Suite:
                     (new, report.interleaved_key("proxy.w1"), "proxy {op}, 1 worker, 64 conns", "a"),
                 ]
                 for round_ in range(1, report.INTERLEAVED_ROUNDS + 1):
-                    for svc, key, label, prefix in sides if round_ % 2 else sides[::-1]:
-                        self._read_and_append(
-                            svc, key, f"{label}, round {round_}", 64, append_prefix=prefix, round_=round_
-                        )
+                    # One operation at a time on both sides, so each pair compared is measured back to back.
+                    for op in PROXY_OPS:
+                        for svc, key, label, prefix in sides if round_ % 2 else sides[::-1]:
+                            self._proxy_loads(svc, key, f"{label}, round {round_}", 64, prefix, round_, ops=(op,))
         finally:
             shutil.rmtree(code, ignore_errors=True)
 
@@ -393,7 +400,7 @@ class Suite:
         self.log("proxy, 2 workers")
         with self.service(proxy(self.valkey.url, workers)) as svc:
             if self.wanted("proxy"):
-                self._read_and_append(svc, "proxy.w2", "proxy {op}, 2 workers, 64 conns", 64)
+                self._proxy_loads(svc, "proxy.w2", "proxy {op}, 2 workers, 64 conns", 64)
             if self.s.full_path_proxy_workers != workers and (self.wanted("full") or self.wanted("agents")):
                 svc.stop()
                 svc = self._stack.enter_context(self.service(proxy(self.valkey.url, self.s.full_path_proxy_workers)))
