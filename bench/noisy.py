@@ -40,6 +40,8 @@ VICTIM_ENTRIES = 40
 HUGE_ENTRIES = 500
 HUGE_ENTRY_CHARS = 48 * 1024  # 500 of these: a ~24 MiB conversation to export
 EXPORTERS = 3
+# The exporters page through the huge conversation: a page holds about this many of its entries.
+PAGE_ENTRIES = 20
 APPENDERS = 2
 BURST_FACTOR = 10
 VICTIM_RPS = 100.0
@@ -173,6 +175,11 @@ def measure_victim(port: int, seconds: float) -> VictimSamples:
     return samples
 
 
+def _export_page(n: int) -> str:
+    """The n-th page an exporter asks for: pages in order, from the start again after the last."""
+    return f"{api.export_path('huge')}?{api.OFFSET_PARAM}={n * PAGE_ENTRIES % HUGE_ENTRIES}"
+
+
 def hammer(port: int, seconds: float, burst_rps: float) -> dict[str, int]:
     """The noisy tenant: exports, maximal appends and a read burst, each on connections of its own, until
     ``seconds`` have passed. Returns how it was answered, by kind and status."""
@@ -198,10 +205,7 @@ def hammer(port: int, seconds: float, burst_rps: float) -> dict[str, int]:
                 time.sleep(pause)
         conn.close()
 
-    threads = [
-        threading.Thread(target=loop, args=("export", "GET", lambda n: api.export_path("huge"), None, 0))
-        for _ in range(EXPORTERS)
-    ]
+    threads = [threading.Thread(target=loop, args=("export", "GET", _export_page, None, 0)) for _ in range(EXPORTERS)]
     threads += [
         threading.Thread(
             target=loop, args=("append", "POST", lambda n, t=t: api.entries_path(f"big-{t}-{n}"), big_body, 0)

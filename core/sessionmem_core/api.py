@@ -7,9 +7,9 @@ stays free of pydantic; the request/response models live in ``sessionmem_core.wi
 from __future__ import annotations
 
 from collections.abc import Iterable
-from urllib.parse import parse_qsl, quote, unquote_to_bytes
+from urllib.parse import parse_qsl, quote
 
-from sessionmem_core.errors import InvalidConversationId, NotFound
+from sessionmem_core.errors import NotFound
 
 API_PREFIX = "/v1"
 
@@ -23,6 +23,10 @@ REDACT_PARAM = "redact"
 # SESSIONMEM_REDACT_PATTERNS; the operator checks an agent's list against both.
 BUILTIN_REDACTORS = ("email", "card", "phone")
 LIMIT_PARAM = "limit"
+# Where a page of an export starts: the ``nextOffset`` of the page before (the proxy pages exports).
+OFFSET_PARAM = "offset"
+# An administrator's export page says where the next page starts, absent on the last.
+NEXT_OFFSET_HEADER = "x-sessionmem-next-offset"
 
 # Response headers that repeat what a memory response says, so the launcher can trace it unparsed.
 VERSION_HEADER = "x-sessionmem-version"
@@ -79,18 +83,6 @@ def parse_query(query: bytes) -> list[tuple[str, str]]:
     if "%" in text or "+" in text:
         return parse_qsl(text, keep_blank_values=True)
     return [(name, value) for name, _, value in (pair.partition("=") for pair in text.split("&") if pair)]
-
-
-def decode_path_segment(raw: bytes) -> str:
-    """A percent-encoded path segment (a conversation id in a URL) as text: the one decoding rule.
-
-    Strict UTF-8: bytes that are not UTF-8 once decoded (``%FF``, an overlong ``%C0%AF``, a surrogate
-    ``%ED%A0%80``) are a typed 400, never folded into U+FFFD, so ``a%FF`` is refused while ``a%EF%BF%BD``
-    (U+FFFD itself) is an id of its own. No Unicode normalisation: NFC and NFD forms are two ids."""
-    try:
-        return unquote_to_bytes(raw).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidConversationId("conversationId is not UTF-8 once percent-decoded") from exc
 
 
 def _segment(conversation_id: str) -> str:

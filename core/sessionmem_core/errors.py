@@ -21,7 +21,7 @@ class SessionMemError(Exception):
     def body(self) -> bytes:
         return error_body(self.error_type, self.message)
 
-    def headers(self) -> list[tuple[bytes, bytes]]:
+    def headers(self) -> list[tuple[str, str]]:
         """Headers the answer carries besides the content type (Retry-After on a 429)."""
         return []
 
@@ -126,8 +126,8 @@ class RateLimited(SessionMemError):
         super().__init__(message)
         self.retry_after = max(1, retry_after)
 
-    def headers(self) -> list[tuple[bytes, bytes]]:
-        return [(b"retry-after", b"%d" % self.retry_after)]
+    def headers(self) -> list[tuple[str, str]]:
+        return [("retry-after", str(self.retry_after))]
 
 
 class QuotaExceeded(SessionMemError):

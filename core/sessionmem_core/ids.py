@@ -2,8 +2,11 @@ r"""The identifier rules: conversation ids, message ids, Kubernetes names.
 
 A conversation id becomes part of a Valkey key and of a URL path, so this is the key/path-injection
 guard: non-empty, at most 128 characters, none of ``/``, ``:``, ``"``, ``\``, whitespace or control
-characters, and not ``.`` or ``..`` (URL dot segments, which clients rewrite). Quotes and backslashes
-are refused because ids are written into stored JSON as they are.
+characters, nor U+FFFD, and not ``.`` or ``..`` (URL dot segments, which clients rewrite). Quotes and
+backslashes are refused because ids are written into stored JSON as they are. U+FFFD is what the HTTP
+server puts where a path's percent-escapes were not UTF-8 (``%FF``, an overlong ``%C0%AF``): an id holding
+it could not be told from bytes that were never text, so it is refused rather than becoming another
+conversation. No Unicode normalisation: NFC and NFD forms are two ids.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from sessionmem_core.errors import InvalidConversationId, InvalidMessageId, Inva
 MAX_ID_LENGTH = 128
 
 # Rejected anywhere in an id: the key separators, every Unicode whitespace and every control
-# character (C0, DEL, C1). \s covers the Unicode whitespace set in Python's re.
-_FORBIDDEN = re.compile(r'[/:"\\\s\x00-\x1f\x7f-\x9f]')
+# character (C0, DEL, C1), and U+FFFD. \s covers the Unicode whitespace set in Python's re.
+_FORBIDDEN = re.compile(r'[/:"\\\s\x00-\x1f\x7f-\x9f\ufffd]')
 
 
 def _id_problem(value: str) -> str | None:
@@ -31,7 +34,7 @@ def _id_problem(value: str) -> str | None:
     if bad is not None:
         return (
             f"must not contain {bad.group()!r} ('/', ':', '\"', '\\', whitespace and control characters "
-            "are not allowed)"
+            "and U+FFFD are not allowed)"
         )
     if value in (".", ".."):
         # URL dot segments: HTTP clients normalise them away, so such an id could never be addressed.

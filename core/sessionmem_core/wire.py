@@ -79,6 +79,11 @@ class History(_Model):
     summary: Entry | None = Field(
         default=None, description="With summary=true: the rolling summary of older turns, if there is one."
     )
+    next_offset: int | None = Field(
+        default=None,
+        alias="nextOffset",
+        description="Exports from the proxy, which pages them: the offset of the next page; None on the last.",
+    )
 
 
 class ConversationInfo(_Model):

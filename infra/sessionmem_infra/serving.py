@@ -1,13 +1,41 @@
-"""How the proxy and the launcher configure granian (Rust/hyper) from their serving limits, alike."""
+"""How the proxy and the launcher serve HTTP on granian (Rust/hyper, its RSGI interface), alike: granian's
+settings from the serving limits, and the per-request limits hyper does not enforce itself.
+
+What hyper enforces (docs/limits.md): a request head larger than its read buffer (431, no body), more than
+100 headers (431, no body), a head not complete within the header timeout, an idle keep-alive connection
+past that same timer (hyper starts it whenever it waits for a head), malformed requests (400), in-order
+answers to pipelined requests. What ``RequestLimits`` adds, with typed bodies: header count and bytes (431),
+URL length (414), body size (413) and body timeout (408); the app counts its requests in flight (503).
+"""
 
 from __future__ import annotations
 
+from granian._granian import RSGIHeaders as HeaderFields
+from granian._granian import RSGIHTTPProtocol as HTTPProtocol
+from granian._granian import RSGIProtocolClosed as ProtocolClosed
+from granian._granian import RSGIProtocolError as ProtocolError
 from granian.http import HTTP1Settings
 
 from sessionmem_core.env import ServingLimits
+from sessionmem_core.errors import (
+    HeadersTooLarge,
+    InvalidRequest,
+    PayloadTooLarge,
+    RequestTimeout,
+    SessionMemError,
+    UriTooLong,
+)
+from sessionmem_infra.deadlines import Deadlines
 
 # hyper's smallest read buffer; a head must fit in the buffer, so it is also the smallest header limit.
 MIN_READ_BUFFER = 8192
+
+JSON = "application/json"
+JSON_HEADERS = [("content-type", JSON)]
+# Answers after which the connection is not reused: the request's body (or more) may be left unread on it.
+_CLOSING = frozenset({408, 413, 414, 431})
+CONNECTION_CLOSE = ("connection", "close")
+_JSON_AND_CLOSE = [*JSON_HEADERS, CONNECTION_CLOSE]
 
 
 def http1_settings(limits: ServingLimits) -> HTTP1Settings:
@@ -27,3 +55,110 @@ def open_connections(limits: ServingLimits) -> int:
     backlog). Twice the requests allowed in flight, so a request over that limit still reaches the app
     and gets its typed 503 instead of waiting unanswered."""
     return 2 * limits.max_connections
+
+
+class BodyMeter:
+    """How many bytes of a request body the server has taken so far."""
+
+    __slots__ = ("received",)
+
+    def __init__(self) -> None:
+        self.received = 0
+
+
+class RequestLimits:
+    """The per-request checks of one listener that need the parsed head or the body."""
+
+    __slots__ = ("_body_deadlines", "serving")
+
+    def __init__(self, serving: ServingLimits) -> None:
+        self.serving = serving
+        self._body_deadlines = Deadlines(serving.body_timeout_seconds)
+
+    def check_head(self, path: str, query: str, headers: HeaderFields) -> list[tuple[str, str]]:
+        """The request's header fields; 414 for a URL over the limit, 431 for too many header fields or too
+        many header bytes, 400 for a field whose value is not visible ASCII.
+
+        granian hands over the decoded path: its UTF-8 length is at most the raw target's (each escape
+        is three bytes for one), and the raw head as a whole is bounded by hyper's buffer before this.
+        It also leaves out of ``items()`` a value it cannot decode (``capé`` in Latin-1) while still
+        listing its name: a credential sent that way would silently become an absent one, so the
+        request is refused instead."""
+        limits = self.serving
+        if len(path.encode()) + len(query) + (1 if query else 0) > limits.max_url_bytes:
+            raise UriTooLong(f"the request target exceeds {limits.max_url_bytes} bytes")
+        fields = headers.items()
+        if len(fields) > limits.max_header_count:
+            raise HeadersTooLarge(f"more than {limits.max_header_count} header fields")
+        names = headers.keys()
+        if len(names) != len({name for name, _ in fields}):
+            unreadable = sorted(set(names).difference(name for name, _ in fields))
+            raise InvalidRequest(f"header field {', '.join(unreadable)}: the value is not visible ASCII")
+        size = 4 * len(fields)  # "name: value\r\n"
+        for name, value in fields:
+            size += len(name) + len(value)
+        if size > limits.max_header_bytes:
+            raise HeadersTooLarge(f"header fields exceed {limits.max_header_bytes} bytes")
+        return fields
+
+    async def read_body(
+        self, proto: HTTPProtocol, content_length: str | None, chunked: bool, meter: BodyMeter | None = None
+    ) -> bytes:
+        """The whole body, at most ``max_body_bytes``, all of it within ``body_timeout_seconds``.
+        ``meter`` counts every byte taken, kept or dropped, also when this raises.
+
+        Over the limit (declared or counted) nothing more is kept, but what the client is still sending
+        is read and dropped, up to as much again and within the body timeout: closing on unread bytes
+        makes the kernel reset the connection, and a client still uploading would then never read its
+        413. Memory stays bounded by the limit; time by the body timeout."""
+        meter = meter or BodyMeter()
+        declared = content_length is not None and content_length.isascii() and content_length.isdigit()
+        if content_length == "0" or (not declared and not chunked):
+            return b""  # nothing to wait for: asking granian for the body would cost a hand-off
+        limit = self.serving.max_body_bytes
+        too_large = declared and int(content_length or 0) > limit
+        chunks: list[bytes] = []
+        try:
+            with self._body_deadlines.timeout():
+                if declared and not too_large:
+                    # A declared length within the limit bounds what hyper hands over (it frames the body
+                    # by that length): one hand-off for the whole body, where iterating costs one per
+                    # chunk and one more to learn the body ended. It also tells a body cut short (the
+                    # client went away, or broken framing) from a whole one, which iterating does not.
+                    try:
+                        body = await proto()
+                    except (ProtocolClosed, ProtocolError) as exc:
+                        raise InvalidRequest("the request body ended before its declared length") from exc
+                    meter.received = len(body)
+                    return body
+                async for chunk in proto:
+                    meter.received += len(chunk)
+                    too_large = too_large or meter.received > limit
+                    if not too_large:
+                        chunks.append(chunk)
+                    elif meter.received > 2 * limit:
+                        break
+        except TimeoutError as exc:
+            if not too_large:
+                raise RequestTimeout(
+                    f"request body not received within {self.serving.body_timeout_seconds:g} s"
+                ) from exc
+        if too_large:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        return b"".join(chunks)
+
+
+def closes_connection(status: int) -> bool:
+    return status in _CLOSING
+
+
+def json_headers(status: int) -> list[tuple[str, str]]:
+    return _JSON_AND_CLOSE if status in _CLOSING else JSON_HEADERS
+
+
+def respond(proto: HTTPProtocol, status: int, body: bytes, headers: list[tuple[str, str]] | None = None) -> None:
+    proto.response_bytes(status, JSON_HEADERS if headers is None else headers, body)
+
+
+def respond_error(proto: HTTPProtocol, error: SessionMemError) -> None:
+    proto.response_bytes(error.status, [*json_headers(error.status), *error.headers()], error.body())

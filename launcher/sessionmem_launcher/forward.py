@@ -14,7 +14,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 import orjson
 
@@ -30,6 +30,8 @@ POD_PARAMS = frozenset({api.SCOPE_PARAM, api.CAP_PARAM, api.TTL_PARAM, api.REDAC
 # Operations that write, and so carry the write parameters (cap, TTL, redactors) besides the scope.
 _WRITES = frozenset({"append", "replace"})
 _SCOPE = api.SCOPE_HEADER.encode()
+# How often an export starts over when the conversation changed between its pages.
+_EXPORT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,13 +158,45 @@ class Forwarder:
                         f"{api.USER_CAPABILITY_HEADER}"
                     )
                 target = api.memory_path(op, conversation_id, path)
-                reply = await self._send(method, op, target, query, body or None, caller)
+                if op == "export":
+                    reply = await self._export(target, query, caller)
+                else:
+                    reply = await self._send(method, op, target, query, body or None, caller)
                 span.scope, span.entries, span.version = reply.scope, reply.entries, reply.version
                 if reply.status >= 400:
                     span.fail(_error_type(reply.body))
                 return reply
         except SessionMemError as exc:
             return MemoryReply(exc.status, exc.body())
+
+    async def _export(self, path: str, query: Sequence[tuple[str, str]], caller: CallerHeaders) -> MemoryReply:
+        """The whole conversation as one ``History``: the proxy answers an export a page at a time (so it
+        holds one page per request), and the agent, the compactor and the client get the pages joined.
+        Pages of different versions were read while the conversation changed: the export starts over, and
+        after ``_EXPORT_ATTEMPTS`` answers what it has with the first page's version, so a write
+        conditional on it fails rather than replacing what the export missed."""
+        own = [(name, value) for name, value in query if name != api.OFFSET_PARAM]
+        for _attempt in range(_EXPORT_ATTEMPTS):
+            first = await self._send("GET", "export", path, own, None, caller)
+            if first.status != 200:
+                return first
+            document = _export_page(first, 0)
+            entries: list[object] = document["entries"]
+            offset, consistent = document["nextOffset"], True
+            while offset is not None:
+                page = await self._send("GET", "export", path, [*own, (api.OFFSET_PARAM, str(offset))], None, caller)
+                if page.status != 200:
+                    return page
+                more = _export_page(page, offset)
+                if more["version"] != document["version"] or not more["entries"]:
+                    consistent = False
+                    break
+                entries += more["entries"]
+                offset = more["nextOffset"]
+            if consistent:
+                break
+        document["entries"], document["nextOffset"] = entries, None
+        return MemoryReply(200, orjson.dumps(document), first.scope, len(entries), first.version)
 
     async def _send(
         self,
@@ -226,6 +260,20 @@ def forwarder_from_settings(settings: LauncherSettings, tracer: MemoryTracer) ->
 def _int_header(response: HttpResponse, name: str) -> int | None:
     value = response.header(name.encode())
     return int(value) if value is not None and value.isdigit() else None
+
+
+def _export_page(reply: MemoryReply, offset: int) -> dict[str, Any]:
+    """The page of the proxy's export from ``offset``, whose next starts right after its entries; a proxy
+    that answers anything else is a backend failing (and could never make an export end)."""
+    try:
+        page = orjson.loads(reply.body)
+        entries, next_offset = page["entries"], page["nextOffset"]
+        ends = next_offset is None or (entries and next_offset == offset + len(entries))
+        if isinstance(entries, list) and isinstance(page["version"], int) and ends:
+            return cast(dict[str, Any], page)
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        pass
+    raise BackendUnavailable("the memory proxy answered an export page that is not one")
 
 
 def _error_type(body: bytes) -> str:

@@ -29,10 +29,11 @@ from sessionmem_core.env import LauncherSettings
 from sessionmem_core.errors import InvalidRequest, SessionMemError
 from sessionmem_core.ids import new_message_id, validate_conversation_id
 from sessionmem_infra.http_client import HttpClient
+from sessionmem_infra.serving import respond
 from sessionmem_launcher.forward import CallerHeaders, Forwarder
 from sessionmem_launcher.memory_api import HEALTH_PATH, HEALTHY
 from sessionmem_launcher.replay import history_from, load_counter, within_budget
-from sessionmem_launcher.serving import RequestLimits, respond
+from sessionmem_launcher.serving import ListenerLimits
 from sessionmem_launcher.summary import Compactor, summarizer_from_settings
 from sessionmem_launcher.turns import TurnBindings
 
@@ -78,7 +79,7 @@ class ManagedLoop:
         self,
         settings: LauncherSettings,
         forwarder: Forwarder,
-        limits: RequestLimits,
+        limits: ListenerLimits,
         turns: TurnBindings,
         compactor: Compactor | None = None,
     ) -> None:

@@ -15,21 +15,19 @@ from granian._granian import RSGIHTTPProtocol as HTTPProtocol
 from granian.rsgi import Scope
 
 from sessionmem_core import api
-from sessionmem_core.errors import CapabilityNotAccepted, InvalidConversationId, NotFound
+from sessionmem_core.errors import CapabilityNotAccepted, NotFound
+from sessionmem_infra.serving import json_headers, respond
 from sessionmem_launcher.forward import CallerHeaders, Forwarder
-from sessionmem_launcher.serving import RequestLimits, json_headers, respond
+from sessionmem_launcher.serving import ListenerLimits
 from sessionmem_launcher.turns import TurnBindings
 
 HEALTH_PATH = "/healthz"
 OPENAPI_PATH = "/openapi.json"
 HEALTHY = b'{"status":"ok"}'
-# granian decodes the path and puts U+FFFD where the escapes were not UTF-8: such a path can no longer be
-# told from one that named U+FFFD itself, so it is refused rather than forwarded to another conversation.
-_UNDECODABLE = "\ufffd"
 
 
 class MemoryEndpoint:
-    def __init__(self, forwarder: Forwarder, limits: RequestLimits, turns: TurnBindings) -> None:
+    def __init__(self, forwarder: Forwarder, limits: ListenerLimits, turns: TurnBindings) -> None:
         self._forwarder = forwarder
         self._limits = limits
         self._turns = turns
@@ -46,8 +44,6 @@ class MemoryEndpoint:
             respond(proto, 200, committed_openapi())
             return
         op, conversation_id = api.memory_route(method, path)
-        if conversation_id is not None and _UNDECODABLE in conversation_id:
-            raise InvalidConversationId("conversationId must be percent-encoded UTF-8")
         reply = await self._forwarder.forward(
             method,
             op,

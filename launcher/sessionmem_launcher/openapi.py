@@ -67,7 +67,7 @@ _BODY_STATUSES = {
 }
 
 ANSWERED_BY_EVERY_OPERATION = {
-    400: "Invalid conversation id or request (typed error)",
+    400: "Invalid conversation id or request, or a header value that is not visible ASCII (typed error)",
     401: (
         "The pod's token was refused; a per-user agent sent no turn handle (user_capability_required); the turn "
         "handle is not live (turn_not_live); or a user capability was sent (capability_not_accepted)"

@@ -15,7 +15,7 @@ from sessionmem_infra.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_launcher.forward import Forwarder, forwarder_from_settings
 from sessionmem_launcher.managed_loop import ManagedLoop
 from sessionmem_launcher.memory_api import MemoryEndpoint
-from sessionmem_launcher.serving import EmbeddedServer, RequestLimits, serve_in_background
+from sessionmem_launcher.serving import EmbeddedServer, ListenerLimits, serve_in_background
 from sessionmem_launcher.turns import TurnBindings
 
 __all__ = ["Launcher", "serve_in_background"]
@@ -40,8 +40,8 @@ class Launcher:
         forwarder = forwarder_from_settings(self.settings, tracer)  # ConfigError without a proxy URL
         self._forwarder = forwarder
         limits = self.settings.limits
-        endpoint = MemoryEndpoint(forwarder, RequestLimits(limits), self.turns)
-        self._loop_app = ManagedLoop(self.settings, forwarder, RequestLimits(limits), self.turns)
+        endpoint = MemoryEndpoint(forwarder, ListenerLimits(limits), self.turns)
+        self._loop_app = ManagedLoop(self.settings, forwarder, ListenerLimits(limits), self.turns)
         self._servers.append(await serve_in_background(endpoint, "127.0.0.1", self.settings.launcher_port, limits))
         self._servers.append(
             await serve_in_background(self._loop_app, self.serve_host, self.settings.serve_port, limits)

@@ -1,11 +1,7 @@
 """The launcher's HTTP serving: granian's embedded server (Rust, hyper) on the running event loop, one per
-listening port, and the serving limits hyper does not enforce itself, checked per request.
-
-What hyper enforces (docs/limits-launcher.md): a request head larger than its read buffer (431, no body),
-more than 100 headers (431, no body), a head not complete within the header timeout, an idle keep-alive
-connection past that same timer (hyper starts it whenever it waits for a head), malformed requests (400),
-in-order answers to pipelined requests. What ``RequestLimits`` adds, with typed bodies: header count (431),
-URL length (414), body size (413), body timeout (408) and requests in flight (503).
+listening port, with the serving limits of ``sessionmem_infra.serving`` checked per request and the
+listener's requests in flight counted (503 past ``max_connections``). What each layer enforces is in
+docs/limits-launcher.md.
 """
 
 from __future__ import annotations
@@ -19,28 +15,15 @@ from typing import Any, Protocol
 
 from granian._granian import ListenerSpec
 from granian._granian import RSGIHTTPProtocol as HTTPProtocol
-from granian._granian import RSGIProtocolClosed as ProtocolClosed
-from granian._granian import RSGIProtocolError as ProtocolError
 from granian.constants import HTTPModes, Interfaces
 from granian.log import LogLevels
 from granian.rsgi import Scope
 from granian.server.embed import Server
 
 from sessionmem_core.env import ServingLimits
-from sessionmem_core.errors import (
-    HeadersTooLarge,
-    InvalidRequest,
-    Overloaded,
-    PayloadTooLarge,
-    RequestTimeout,
-    SessionMemError,
-    UriTooLong,
-)
-from sessionmem_infra.deadlines import Deadlines
-from sessionmem_infra.serving import http1_settings, open_connections
+from sessionmem_core.errors import Overloaded, SessionMemError
+from sessionmem_infra.serving import RequestLimits, http1_settings, open_connections, respond_error
 
-JSON = "application/json"
-JSON_HEADERS = [("content-type", JSON)]
 _LISTEN_TIMEOUT_SECONDS = 10.0
 
 
@@ -51,15 +34,16 @@ class RsgiApp(Protocol):
     async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None: ...
 
 
-class RequestLimits:
-    """The per-request checks of one listener, and its count of requests in flight."""
+class ListenerLimits:
+    """The serving limits of one listener (``sessionmem_infra.serving.RequestLimits``) and its count of
+    requests in flight."""
 
-    __slots__ = ("_body_deadlines", "_limits", "in_flight")
+    __slots__ = ("_limits", "in_flight", "requests")
 
     def __init__(self, limits: ServingLimits) -> None:
         self._limits = limits
+        self.requests = RequestLimits(limits)
         self.in_flight = 0
-        self._body_deadlines = Deadlines(limits.body_timeout_seconds)
 
     async def serve(
         self, scope: Scope, proto: HTTPProtocol, handler: Callable[[Scope, HTTPProtocol], Awaitable[None]]
@@ -81,65 +65,13 @@ class RequestLimits:
 
     def admit(self, scope: Scope) -> None:
         """Raise the typed error of a request over a limit that needs no body to judge."""
-        limits = self._limits
-        if self.in_flight >= limits.max_connections:
-            raise Overloaded(f"more than {limits.max_connections} requests in flight")
-        # The decoded path's UTF-8 length: the raw target may be longer (percent-escapes), but the head
-        # as a whole is bounded by max_header_bytes before the request gets here.
-        url_bytes = len(scope.path.encode()) + len(scope.query_string)
-        if url_bytes > limits.max_url_bytes:
-            raise UriTooLong(f"request target exceeds {limits.max_url_bytes} bytes")
-        if len(scope.headers.items()) > limits.max_header_count:
-            raise HeadersTooLarge(f"more than {limits.max_header_count} request headers")
+        if self.in_flight >= self._limits.max_connections:
+            raise Overloaded(f"more than {self._limits.max_connections} requests in flight")
+        self.requests.check_head(scope.path, scope.query_string, scope.headers)
 
     async def read_body(self, scope: Scope, proto: HTTPProtocol) -> bytes:
-        """The whole body, at most ``max_body_bytes``, all of it within ``body_timeout_seconds``."""
         headers = scope.headers
-        length = headers.get("content-length")
-        if length == "0" or (length is None and "transfer-encoding" not in headers):
-            return b""  # nothing to wait for: asking granian for the body would cost a round to its thread
-        limit = self._limits.max_body_bytes
-        if length is not None and length.isdigit() and int(length) > limit:
-            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            with self._body_deadlines.timeout():
-                if length is not None and length.isdigit():
-                    # A declared length within the limit bounds what hyper hands over (it frames the body
-                    # by that length): one hand-off for the whole body, where iterating costs one per
-                    # chunk and one more to learn the body ended. It also tells a body cut short (the
-                    # client went away first) from a whole one, which iterating does not: granian's
-                    # iterator just ends. A chunked body's cut is caught by the JSON parser downstream.
-                    try:
-                        return await proto()
-                    except (ProtocolClosed, ProtocolError) as exc:
-                        raise InvalidRequest("the request body ended before its declared length") from exc
-                async for chunk in proto:
-                    size += len(chunk)
-                    if size > limit:
-                        raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-                    chunks.append(chunk)
-        except TimeoutError as exc:
-            raise RequestTimeout(f"request body not received within {self._limits.body_timeout_seconds} s") from exc
-        return b"".join(chunks)
-
-
-def respond(proto: HTTPProtocol, status: int, body: bytes, headers: list[tuple[str, str]] | None = None) -> None:
-    proto.response_bytes(status, JSON_HEADERS if headers is None else headers, body)
-
-
-# Answers after which the connection is not reused: the request's body (or more) may be left unread on it.
-_CLOSING = frozenset({408, 413, 414, 431})
-_JSON_AND_CLOSE = [*JSON_HEADERS, ("connection", "close")]
-
-
-def json_headers(status: int) -> list[tuple[str, str]]:
-    return _JSON_AND_CLOSE if status in _CLOSING else JSON_HEADERS
-
-
-def respond_error(proto: HTTPProtocol, error: SessionMemError) -> None:
-    proto.response_bytes(error.status, json_headers(error.status), error.body())
+        return await self.requests.read_body(proto, headers.get("content-length"), "transfer-encoding" in headers)
 
 
 class _BoundServer(Server):

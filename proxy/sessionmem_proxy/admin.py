@@ -17,9 +17,9 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 import orjson
@@ -39,8 +39,8 @@ from sessionmem_core.keys import Owner, conversation_of, per_user_prefix, sessio
 from sessionmem_proxy.buckets import Rate, TokenBucket
 from sessionmem_proxy.identity import bearer_token
 from sessionmem_proxy.kubeapi import KubeAPI
-from sessionmem_proxy.lifecycle import EXPORT_FIRST_PAGE_ENTRIES, EXPORT_MAX_PAGE_ENTRIES, EXPORT_PAGE_BYTES
-from sessionmem_proxy.replies import Reply, StreamReply, model_reply
+from sessionmem_proxy.lifecycle import export_page
+from sessionmem_proxy.replies import Reply, model_reply
 
 if TYPE_CHECKING:
     from sessionmem_proxy.context import ProxyContext
@@ -158,17 +158,17 @@ class KubeAdminAuthorizer:
         return bool(status.get("allowed")) and not status.get("denied")
 
 
-_Answer = TypeVar("_Answer", Reply, StreamReply)
-_Handler = Callable[["ProxyContext", dict[str, Any], BaseModel | None], Awaitable[_Answer]]
+_Handler = Callable[["ProxyContext", dict[str, Any], BaseModel | None], Awaitable[Reply]]
+_NDJSON_HEADER = ("content-type", api.NDJSON)
 
 
-def observed(op: str) -> Callable[[_Handler[_Answer]], _Handler[_Answer]]:
+def observed(op: str) -> Callable[[_Handler], _Handler]:
     """Counts an administrator's operation in the proxy's metrics (``op``, and ``ok`` or its typed error),
-    as the agents' operations are counted; a streamed answer is counted once it starts."""
+    as the agents' operations are counted."""
 
-    def wrap(handler: _Handler[_Answer]) -> _Handler[_Answer]:
+    def wrap(handler: _Handler) -> _Handler:
         @functools.wraps(handler)
-        async def counted(ctx: ProxyContext, p: dict[str, Any], body: BaseModel | None) -> _Answer:
+        async def counted(ctx: ProxyContext, p: dict[str, Any], body: BaseModel | None) -> Reply:
             started, outcome = time.perf_counter(), "internal"
             try:
                 answer = await handler(ctx, p, body)
@@ -418,56 +418,34 @@ async def show_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel |
 
 
 @observed("admin_export")
-async def export_agent_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> StreamReply:
-    """JSON lines, one per entry (``conversationId`` and ``bucket`` added to the stored entry), oldest
-    first within a conversation: one conversation, one user's, or all of the agent's.
-
-    Streamed: keys are found one SCAN batch at a time and entries read one page at a time, each sent
-    before the next is read, so memory is about one page whatever the agent holds. Refusals and a backend
-    unreachable at the start are typed errors; a failure later cuts the stream short (no final newline)."""
+async def export_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+    """One page of one conversation as JSON lines, one per entry (``conversationId`` and ``bucket`` added
+    to the stored entry), oldest first; the ``x-sessionmem-next-offset`` header says where the next page
+    starts, absent on the last. An agent's or a user's whole memory is the pages of each conversation its
+    listing shows (``kubectl sessionmem export`` does that)."""
     owner, prefix, _admin = await _authorized_space(ctx, p, READ)
-    agent_prefix = session_prefix(owner)
-    one = p.get("conversation")
-    with ctx.tracer.span("admin_export", one or "", p["traceparent"]):
-        if one is not None:
-            first_keys, cursor = [_conversation_key(prefix, one)], 0
-            if not (await ctx.store.info(first_keys[0]))[0]:
-                raise NotFound(f"{owner.author} has no conversation {one!r} there")
-        else:
-            cursor, first_keys = await ctx.store.scan(prefix + "*", 0, _SCAN_BATCH)
-
-    async def lines() -> AsyncIterator[bytes]:
-        keys, next_cursor = first_keys, cursor
-        # SCAN may return a key twice (when Valkey rehashes meanwhile): each conversation is exported once.
-        # The keys are remembered, not their entries: a few bytes each, at most the agent's quota of them.
-        exported: set[str] = set()
-        while True:
-            for key in sorted(set(keys) - exported):
-                exported.add(key)
-                parsed = conversation_of(agent_prefix, key)
-                if parsed is not None:
-                    async for chunk in _export_lines(ctx, key, parsed):
-                        yield chunk
-            if not next_cursor:
-                return
-            next_cursor, keys = await ctx.store.scan(prefix + "*", next_cursor, _SCAN_BATCH)
-
-    return StreamReply(200, ((b"content-type", api.NDJSON.encode()),), lines())
-
-
-async def _export_lines(ctx: ProxyContext, key: str, parsed: tuple[str | None, str]) -> AsyncIterator[bytes]:
-    bucket, conversation_id = parsed
-    head = b'{"conversationId":' + orjson.dumps(conversation_id) + b',"bucket":' + orjson.dumps(bucket) + b","
-    sent = 0
-    size = EXPORT_FIRST_PAGE_ENTRIES
-    while True:
-        page = await ctx.store.read_range(key, sent, sent + size - 1)
-        if not page:
-            return
-        # A stored entry is a JSON object beginning '{"id":': the extra fields go in front of its own.
-        yield b"".join(head + raw[1:] + b"\n" for raw in page)
-        sent += len(page)
-        size = max(1, min(EXPORT_MAX_PAGE_ENTRIES, EXPORT_PAGE_BYTES // max(map(len, page))))
+    conversation_id = p["conversation"]
+    key = _conversation_key(prefix, conversation_id)
+    with ctx.tracer.span("admin_export", conversation_id, p["traceparent"]) as span:
+        length = (await ctx.store.info(key))[0]
+        if not length:
+            raise NotFound(f"there is no conversation {conversation_id!r} there")
+        page, next_offset = await export_page(ctx, key, p["offset"], length)
+        span.entries = len(page)
+    bucket = conversation_of(session_prefix(owner), key)
+    head = (
+        b'{"conversationId":'
+        + orjson.dumps(conversation_id)
+        + b',"bucket":'
+        + orjson.dumps(bucket[0] if bucket else None)
+        + b","
+    )
+    # A stored entry is a JSON object beginning '{"id":': the extra fields go in front of its own.
+    body = b"".join(head + raw[1:] + b"\n" for raw in page)
+    headers = [_NDJSON_HEADER]
+    if next_offset is not None:
+        headers.append((api.NEXT_OFFSET_HEADER, str(next_offset)))
+    return Reply(200, headers, body)
 
 
 @observed("admin_stats")

@@ -1,9 +1,11 @@
-"""The proxy's app: an ASGI application served by granian (``sessionmem_proxy.server``), built by one
+"""The proxy's app: an RSGI application served by granian (``sessionmem_proxy.server``), built by one
 factory that wires settings, the Valkey store, the authenticator and the tracer. Nothing is global;
 tests build apps with their own parts.
 
-ASGI rather than RSGI: RSGI hands the app only the percent-decoded path, decoded lossily (``a%FF`` and
-``a%EF%BF%BD`` arrive as the same text), and the id rule needs the raw path to refuse invalid UTF-8.
+RSGI rather than ASGI: it hands a request and its answer across from granian's threads with a fraction
+of ASGI's work (docs/benchmarks.md). Its path arrives percent-decoded (ids are checked on it by
+``sessionmem_core.ids``); its streamed answers have no flow control, so nothing is
+streamed (exports are paged).
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import pathlib
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from granian._granian import RSGIHTTPProtocol as HTTPProtocol
+from granian.rsgi import Scope
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
@@ -22,29 +26,26 @@ from sessionmem_core.capability import Keyring
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import InvalidRequest, Overloaded, SessionMemError
 from sessionmem_infra.heap import settle_heap
+from sessionmem_infra.serving import CONNECTION_CLOSE, BodyMeter, RequestLimits, closes_connection
 from sessionmem_infra.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_proxy.admin import AdminAuthorizer, DevAdminAuthorizer, KubeAdminAuthorizer
 from sessionmem_proxy.context import VERIFIED_IDENTITY, ProxyContext, identify
 from sessionmem_proxy.identity import AgentIdentity, Authenticator, DevAuthenticator
 from sessionmem_proxy.keying import KeyResolver
 from sessionmem_proxy.kubeapi import KubeAPI
-from sessionmem_proxy.limits import BodyMeter, InFlight, RequestLimits
+from sessionmem_proxy.limits import InFlight
 from sessionmem_proxy.membership import KubeRegistryMembership, Membership
 from sessionmem_proxy.metrics import ProxyMetrics
 from sessionmem_proxy.params import RawRequest, parse
 from sessionmem_proxy.quotas import DefaultLimits, KubeAgentLimits, LimitSource, QuotaLimits, Quotas
 from sessionmem_proxy.redaction import Redaction
-from sessionmem_proxy.replies import Reply, StreamReply, error_reply, internal_error_reply
+from sessionmem_proxy.replies import Reply, error_reply, internal_error_reply
 from sessionmem_proxy.routes import NotAllowedHere, Route, RouteTable
 from sessionmem_proxy.store import ConversationStore, UsageLedger
 from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
 from sessionmem_proxy.valkey_client import connect
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 _LOG = logging.getLogger("sessionmem.proxy")
-_CONTENT_LENGTH = b"content-length"
 # A young collection every 7,000 net allocations instead of CPython's 700: each one traverses what the
 # requests in flight hold besides the new objects, so its cost per request falls with its frequency,
 # while cyclic garbage still waits only a few dozen requests (docs/benchmarks.md).
@@ -52,8 +53,8 @@ GC_THRESHOLDS = (7000, 10, 10)
 
 
 class ProxyApp:
-    """Serves every request from the route table, within the serving limits; closes what it owns on
-    the ASGI lifespan's shutdown (or ``aclose``)."""
+    """Serves every request from the route table, within the serving limits; closes what it owns when
+    granian stops the worker (``__rsgi_del__``, or ``aclose``)."""
 
     def __init__(
         self,
@@ -65,66 +66,49 @@ class ProxyApp:
         self.ctx = ctx
         self.limits = limits
         self.table = table or RouteTable()
-        self.in_flight = InFlight(limits.max_in_flight)
+        self.in_flight = InFlight(limits.serving.max_connections)
         self._closers = closers
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind != "http":
-            if kind == "lifespan":
-                await self._lifespan(receive, send)
-            # Anything else (websocket) is not served: returning without accepting refuses it.
-            return
-        # An HTTP request, served here rather than in a method of its own: one coroutine less per request.
+    async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
+        # An HTTP request (granian serves no websockets here), served in this coroutine rather than in a
+        # method of its own: one coroutine less per request.
         try:
-            raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
-            raw_path = raw_path.partition(b"?")[0]  # some ASGI servers leave the query on raw_path
-            query: bytes = scope.get("query_string", b"")
-            self.limits.check_head(raw_path, query, scope["headers"])
-            route, path_values = self.table.match(scope["method"], raw_path)
+            headers = self.limits.check_head(scope.path, scope.query_string, scope.headers)
+            route, path_values = self.table.match(scope.method, scope.path)
         except SessionMemError as exc:
-            await _send_reply(send, _typed(exc))
+            _respond(proto, _typed(exc))
             return
         if route.counted and not self.in_flight.enter():
-            await _send_reply(send, error_reply(Overloaded("this worker is at its request limit; retry")))
+            _respond(proto, error_reply(Overloaded("this worker is at its request limit; retry")))
             return
         try:
-            reply = await self._serve(route, path_values, query, scope["headers"], receive)
-            if isinstance(reply, StreamReply):
-                await _send_stream(send, reply, self.limits.stall_timeout_seconds)
-            else:
-                await _send_reply(send, reply)
+            _respond(proto, await self._serve(route, path_values, scope.query_string, dict(headers), proto))
         finally:
             if route.counted:
                 self.in_flight.leave()
+
+    def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # A worker process's loop has stopped by now; an embedded server's loop still runs, and whoever
+        # embeds the app closes it.
+        if not loop.is_running():
+            loop.run_until_complete(self.aclose())
 
     async def aclose(self) -> None:
         closers, self._closers = self._closers, []
         for close in closers:
             await close()
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.aclose()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
     async def _serve(
         self,
         route: Route,
         path_values: Mapping[str, str],
-        query: bytes,
-        raw_headers: list[tuple[bytes, bytes]],
-        receive: Receive,
-    ) -> Reply | StreamReply:
+        query: str,
+        headers: dict[str, str],
+        proto: HTTPProtocol,
+    ) -> Reply:
         """The reply of one routed request; every failure becomes a typed answer here."""
         try:
-            headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in raw_headers}
-            values = parse(route.params, RawRequest(path_values, dict(api.parse_query(query)), headers))
+            values = parse(route.params, RawRequest(path_values, dict(api.parse_query(query.encode())), headers))
             if route.request is None:
                 return await route.handler(self.ctx, values, None)
             uploader = await self._admit_upload(headers)
@@ -132,7 +116,9 @@ class ProxyApp:
                 values[VERIFIED_IDENTITY] = uploader
             meter = BodyMeter()
             try:
-                raw = await self.limits.read_body(receive, headers.get("content-length"), meter)
+                raw = await self.limits.read_body(
+                    proto, headers.get("content-length"), "transfer-encoding" in headers, meter
+                )
                 try:
                     body = route.request.model_validate_json(raw)
                 except ValidationError as exc:
@@ -173,7 +159,7 @@ class ProxyApp:
 
 def _typed(error: SessionMemError) -> Reply:
     if isinstance(error, NotAllowedHere):
-        return error_reply(error, ((b"allow", error.allow.encode()),))
+        return error_reply(error, [("allow", error.allow)])
     return error_reply(error)
 
 
@@ -187,28 +173,11 @@ def _problems(exc: ValidationError) -> str:
     )
 
 
-async def _send_reply(send: Send, reply: Reply) -> None:
-    headers = [*reply.headers, (_CONTENT_LENGTH, b"%d" % len(reply.body))]
-    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-    await send({"type": "http.response.body", "body": reply.body})
-
-
-async def _send_stream(send: Send, reply: StreamReply, stall_timeout: float) -> None:
-    """Each chunk waits for the client to take the one before (granian's flow control); a client that
-    takes nothing for ``stall_timeout`` is cut off (TimeoutError: the server aborts the connection), so
-    a reader that never reads cannot hold its request slot forever."""
-    try:
-        await send({"type": "http.response.start", "status": reply.status, "headers": list(reply.headers)})
-        async for chunk in reply.chunks:
-            async with asyncio.timeout(stall_timeout):
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
-    finally:
-        aclose = getattr(reply.chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()
-        if reply.on_close is not None:
-            reply.on_close()
+def _respond(proto: HTTPProtocol, reply: Reply) -> None:
+    headers = reply.headers
+    if closes_connection(reply.status):
+        headers = [*headers, CONNECTION_CLOSE]
+    proto.response_bytes(reply.status, headers, reply.body)
 
 
 def create_app(

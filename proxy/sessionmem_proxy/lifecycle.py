@@ -3,8 +3,6 @@ user-wide ones (list, clear, erase a user). Each erasure says what it removed.""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import orjson
 from pydantic import BaseModel
 
@@ -13,18 +11,37 @@ from sessionmem_core.errors import Forbidden, InvalidRequest
 from sessionmem_core.keys import Scope
 from sessionmem_proxy.context import ProxyContext, identify
 from sessionmem_proxy.hot import Params, new_entries, operation
-from sessionmem_proxy.replies import Reply, StreamReply, memory_headers, memory_reply, model_reply
+from sessionmem_proxy.replies import Reply, memory_reply, model_reply
 from sessionmem_proxy.store import search_entries
 
 _SCAN_BATCH = 200
 # A page scans at most this many batches, so one request stays bounded however sparse the keyspace.
 _MAX_SCANS_PER_PAGE = 50
-# An export reads one page of entries per LRANGE and sends it before reading the next, so its memory is
-# about one page whatever the conversation's length. A page aims at this many bytes (sized from the
-# largest entry of the page before), starting small because entries may be up to MAX_CONTENT_CHARS each.
+# An export is paged: each request answers entries from an offset up to about EXPORT_PAGE_BYTES, and the
+# offset of the next page, so the proxy holds about one page per request whatever the conversation's
+# length (granian's RSGI has no flow control for a streamed answer, so nothing is streamed). A page is read
+# in steps sized from the largest entry so far, starting small because entries may be up to
+# MAX_CONTENT_CHARS each.
 EXPORT_PAGE_BYTES = 1024 * 1024
-EXPORT_FIRST_PAGE_ENTRIES = 4
-EXPORT_MAX_PAGE_ENTRIES = 256
+EXPORT_FIRST_STEP_ENTRIES = 4
+EXPORT_MAX_STEP_ENTRIES = 256
+
+
+async def export_page(ctx: ProxyContext, key: str, offset: int, length: int) -> tuple[list[bytes], int | None]:
+    """The stored entries of one export page, from ``offset`` of a list of ``length``; and the offset of the
+    next page, None once this one reached the end. Not a snapshot: entries written or trimmed between
+    pages shift the offsets, so a busy conversation's export may repeat or miss an entry at a page edge."""
+    page: list[bytes] = []
+    at, taken, step = offset, 0, EXPORT_FIRST_STEP_ENTRIES
+    while taken < EXPORT_PAGE_BYTES and at < length:
+        got = await ctx.store.read_range(key, at, min(at + step, length) - 1)
+        if not got:
+            return page, None  # trimmed meanwhile: the list ends here now
+        page += got
+        at += len(got)
+        taken += sum(map(len, got))
+        step = max(1, min(EXPORT_MAX_STEP_ENTRIES, (EXPORT_PAGE_BYTES - taken) // max(map(len, got))))
+    return page, at if at < length else None
 
 
 async def search(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
@@ -103,51 +120,34 @@ async def info(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
         )
 
 
-async def export(ctx: ProxyContext, p: Params, _: BaseModel | None) -> StreamReply:
-    """The whole conversation as one ``History`` document, streamed page by page.
+async def export(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
+    """One page of the conversation as a ``History`` document, with ``nextOffset`` to ask for the next.
 
-    The first page is read before the answer starts, so a refused caller or an unreachable backend is
-    still a typed error. Entries written while an export runs may or may not be in it (it is not a
-    snapshot); a backend failure after the first page cuts the answer short (an incomplete chunked body)."""
+    Each page is charged to the agent's transfer rate once read, and answered only once the agent's
+    bucket is out of debt: an export of any size is paced, never refused half-way (its pages are not
+    refused by the transfer rate, only by the request rate). At most ``STREAMS_PER_AGENT`` pages of an
+    agent are read at once in a worker."""
     quotas = ctx.quotas
     async with operation(ctx, "export", p) as op:
         owner = op.identity.owner
-        end_stream = quotas.open_stream(owner) if quotas is not None else None
+        end = quotas.open_stream(owner) if quotas is not None else None
         try:
             length, version, _ttl = await ctx.store.info(op.key)
-            first = await ctx.store.read_range(op.key, 0, EXPORT_FIRST_PAGE_ENTRIES - 1) if length else []
-        except BaseException:
-            if end_stream is not None:
-                end_stream()
-            raise
-        op.span.entries, op.span.version = length, version
-        head = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[' % (
-            orjson.dumps(p["conversation_id"]),
-            op.scope.encode(),
-            version,
-        )
-        key = op.key
-
-    async def chunks() -> AsyncIterator[bytes]:
-        # Each page is charged to the agent's transfer rate, and the next is read only once the agent's
-        # bucket is out of debt: an export of any size is paced, never refused half-way.
-        chunk = head + b",".join(first)
-        sent, page = len(first), first
-        while True:
-            yield chunk
+            page, next_offset = await export_page(ctx, op.key, p["offset"], length)
+            op.span.entries, op.span.version = len(page), version
+            body = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[%s],"nextOffset":%s}' % (
+                orjson.dumps(p["conversation_id"]),
+                op.scope.encode(),
+                version,
+                b",".join(page),
+                b"null" if next_offset is None else b"%d" % next_offset,
+            )
             if quotas is not None:
-                await quotas.pace(owner, len(chunk))
-            if sent >= length or not page:
-                break
-            size = max(1, min(EXPORT_MAX_PAGE_ENTRIES, EXPORT_PAGE_BYTES // max(map(len, page))))
-            page = await ctx.store.read_range(key, sent, min(sent + size, length) - 1)
-            if not page:
-                break
-            chunk = b"," + b",".join(page)
-            sent += len(page)
-        yield b"]}"
-
-    return StreamReply(200, memory_headers(op.scope, length, version), chunks(), on_close=end_stream)
+                await quotas.pace(owner, len(body))
+        finally:
+            if end is not None:
+                end()
+    return memory_reply(body, op.scope, length, version)
 
 
 async def _conversations_under(

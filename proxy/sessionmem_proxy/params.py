@@ -136,6 +136,9 @@ REDACT = text(
 READ_LIMIT = integer(
     "limit", api.LIMIT_PARAM, env.DEFAULT_REPLAY_MESSAGES, 0, env.MAX_READ_LIMIT, "How many of the newest entries"
 )
+EXPORT_OFFSET = integer(
+    "offset", api.OFFSET_PARAM, 0, 0, 1 << 31, "Where this export page starts (the nextOffset of the page before)"
+)
 SUMMARY = boolean("summary", False, "Also return the rolling summary of older turns")
 AUTHORIZATION = header("authorization", "authorization", "Bearer token of the calling agent")
 CAPABILITY = header("capability", api.USER_CAPABILITY_HEADER, "The end user's signed run capability (perUser)")

@@ -20,11 +20,11 @@ What is exact and what is approximate (docs/quotas.md):
   gets up to N times its rate in total. Every operation costs one token.
 - The transfer rate is a second bucket per agent and worker, counted in bytes: an agent whose bucket is
   in debt is refused before its body is read (the proxy neither reads nor parses what it sends); a body
-  is charged by its size once served, an answer by its size once built, an export page by page, each page waiting
-  for the bucket (an export is paced, not refused). An agent whose bucket is in debt is refused until it
-  is not. At most ``STREAMS_PER_AGENT`` exports of an agent run at once in a worker. Without it, one
-  tenant exporting huge conversations in a loop takes the proxy's CPU from every other
-  (docs/benchmarks.md, noisy neighbour).
+  is charged by its size once served, an answer by its size once built, an export page by its size, each
+  page answered once the bucket is out of debt (an export is paced, not refused). An agent whose bucket
+  is in debt is refused until it is not. At most ``STREAMS_PER_AGENT`` export pages of an agent are read
+  at once in a worker. Without it, one tenant exporting huge conversations in a loop takes the proxy's
+  CPU from every other (docs/benchmarks.md, noisy neighbour).
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ from sessionmem_proxy.store import WRITE_LIMITS, StorageLimits, UsageLedger, ref
 
 # Operations that store something, and so are checked against the storage quota.
 WRITES = frozenset({"append", "replace"})
+# Operations paced by the transfer rate rather than refused by it (an export's pages wait for the bucket).
+PACED = frozenset({"export"})
 _REMEMBERED = 10_000
 STREAMS_PER_AGENT = 2
 
@@ -210,7 +212,10 @@ class Quotas:
         limits = self._limits.cached(owner) or await self._limits.limits_of(owner)
         now = self._clock()
         self._take_token(owner, limits, now)
-        self._check_transfer(owner, limits, now)
+        if op in PACED:
+            self._transfer_bucket(owner, limits, now)
+        else:
+            self._check_transfer(owner, limits, now)
         if op in WRITES and self._ledger is not None:
             await self._check_storage(limits, key)
 
@@ -226,7 +231,7 @@ class Quotas:
             bucket.tokens -= size
 
     async def pace(self, owner: Owner, size: int) -> None:
-        """Charge one page of a stream, then wait until the agent's bucket is out of debt."""
+        """Charge one export page, then wait until the agent's bucket is out of debt."""
         bucket = self._transfers.get(owner)
         if bucket is None:
             return
@@ -236,8 +241,8 @@ class Quotas:
             await asyncio.sleep(-bucket.tokens / limits.bytes_per_second)
 
     def open_stream(self, owner: Owner) -> Callable[[], None]:
-        """Count one of the agent's concurrent streams (exports) in this worker, 429 past
-        ``STREAMS_PER_AGENT``; the stream ends when the returned function is called (again: no effect)."""
+        """Count one of the agent's export pages being read in this worker, 429 past ``STREAMS_PER_AGENT``;
+        it ends when the returned function is called (again: no effect)."""
         running = self._streams.get(owner, 0)
         if running >= STREAMS_PER_AGENT:
             raise RateLimited(f"{owner.author} already runs {running} exports in this proxy worker; retry")
@@ -257,14 +262,18 @@ class Quotas:
 
         return end
 
-    def _check_transfer(self, owner: Owner, limits: QuotaLimits, now: float) -> None:
+    def _transfer_bucket(self, owner: Owner, limits: QuotaLimits, now: float) -> TokenBucket | None:
+        """The agent's transfer bucket, opened full (and then None) on its first request."""
         bucket = self._transfers.get(owner)
         if bucket is None:
             if len(self._transfers) >= _REMEMBERED:
                 self._transfers.clear()
-            bucket = self._transfers[owner] = TokenBucket(limits.bytes_burst, now)
-            return
-        if bucket.refill(now, limits.bytes_per_second, limits.bytes_burst) < 0:
+            self._transfers[owner] = TokenBucket(limits.bytes_burst, now)
+        return bucket
+
+    def _check_transfer(self, owner: Owner, limits: QuotaLimits, now: float) -> None:
+        bucket = self._transfer_bucket(owner, limits, now)
+        if bucket is not None and bucket.refill(now, limits.bytes_per_second, limits.bytes_burst) < 0:
             wait = -bucket.tokens / limits.bytes_per_second
             raise RateLimited(
                 f"{owner.author} is over its transfer rate of {limits.bytes_per_second:g} bytes/s", math.ceil(wait)

@@ -1,9 +1,8 @@
-"""The one reply builder: every answer of the proxy is a ``Reply`` (whole body) or a ``StreamReply`` (body
-sent in chunks as it is read), made here; typed errors become their status and typed body here."""
+"""The one reply builder: every answer of the proxy is a ``Reply`` (status, headers as granian's RSGI takes
+them, whole body), made here; typed errors become their status and typed body here."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel
@@ -11,10 +10,10 @@ from pydantic import BaseModel
 from sessionmem_core import api
 from sessionmem_core.errors import SessionMemError, error_body
 
-JSON = b"application/json"
-Headers = Sequence[tuple[bytes, bytes]]
-_JSON_HEADERS: Headers = ((b"content-type", JSON),)
-_SCOPE, _ENTRIES, _VERSION = (h.encode() for h in (api.SCOPE_HEADER, api.ENTRIES_HEADER, api.VERSION_HEADER))
+JSON = "application/json"
+Headers = list[tuple[str, str]]
+_JSON_HEADERS: Headers = [("content-type", JSON)]
+_SCOPE, _ENTRIES, _VERSION = api.SCOPE_HEADER, api.ENTRIES_HEADER, api.VERSION_HEADER
 
 
 @dataclass(slots=True)  # not frozen: one is built per request (see sessionmem_proxy.store.AppendResult)
@@ -24,21 +23,10 @@ class Reply:
     body: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class StreamReply:
-    """A body too large to hold: the chunks are sent as they come, with transfer-encoding chunked."""
-
-    status: int
-    headers: Headers
-    chunks: AsyncIterator[bytes]
-    # Called once the stream has ended, however it ended (sent whole, failed, or the client went away).
-    on_close: Callable[[], None] | None = None
-
-
-def memory_headers(scope: str, entries: int, version: int | None) -> list[tuple[bytes, bytes]]:
-    headers = [*_JSON_HEADERS, (_SCOPE, scope.encode()), (_ENTRIES, b"%d" % entries)]
+def memory_headers(scope: str, entries: int, version: int | None) -> Headers:
+    headers = [*_JSON_HEADERS, (_SCOPE, scope), (_ENTRIES, str(entries))]
     if version is not None:
-        headers.append((_VERSION, b"%d" % version))
+        headers.append((_VERSION, str(version)))
     return headers
 
 
@@ -56,12 +44,12 @@ def memory_reply(body: bytes | BaseModel, scope: str, entries: int, version: int
     return Reply(200, memory_headers(scope, entries, version), raw)
 
 
-def text_reply(body: bytes, content_type: bytes) -> Reply:
-    return Reply(200, ((b"content-type", content_type),), body)
+def text_reply(body: bytes, content_type: str) -> Reply:
+    return Reply(200, [("content-type", content_type)], body)
 
 
-def error_reply(error: SessionMemError, extra: Headers = ()) -> Reply:
-    return Reply(error.status, (*_JSON_HEADERS, *error.headers(), *extra), error.body())
+def error_reply(error: SessionMemError, extra: Headers | None = None) -> Reply:
+    return Reply(error.status, [*_JSON_HEADERS, *error.headers(), *(extra or ())], error.body())
 
 
 def internal_error_reply(exc: BaseException) -> Reply:

@@ -2,8 +2,9 @@
 request model, response model, statuses). The app (``sessionmem_proxy.app``) serves requests from it and
 ``sessionmem_proxy.openapi`` documents it; nothing else lists routes.
 
-Paths are matched on the raw (still percent-encoded) request path, so a ``%2F`` inside an id never becomes
-a path separator; the conversation id is then decoded once, by ``sessionmem_core.api.decode_path_segment``.
+Paths are matched on the path as granian decoded it: a conversation id is whatever sits between the prefix
+and the operation's suffix, checked by the one id rule (``sessionmem_core.ids``), which refuses the ``/``
+of a ``%2F`` and the U+FFFD granian puts where escapes were not UTF-8.
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ from sessionmem_core.errors import MethodNotAllowed, NotFound
 from sessionmem_proxy import admin, hot, lifecycle, params
 from sessionmem_proxy.context import ProxyContext
 from sessionmem_proxy.params import Param
-from sessionmem_proxy.replies import Reply, StreamReply, json_reply, text_reply
+from sessionmem_proxy.replies import Reply, json_reply, text_reply
 from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
 
-Handler = Callable[[ProxyContext, dict[str, Any], BaseModel | None], Awaitable[Reply | StreamReply]]
+Handler = Callable[[ProxyContext, dict[str, Any], BaseModel | None], Awaitable[Reply]]
 
-# Statuses any request may get from the serving limits (sessionmem_proxy.limits, docs/limits.md): a URL
-# or a head over its limit; and a counted route, from a worker already serving its maximum of requests.
-SERVING_STATUSES = frozenset({414, 431})
+# Statuses any request may get from the serving limits (sessionmem_infra.serving, docs/limits.md): a header
+# value that is not visible ASCII, a URL or a head over its limit; and a counted route, from a worker
+# already serving its maximum of requests.
+SERVING_STATUSES = frozenset({400, 414, 431})
 OVERLOADED_STATUS = 503
 # An operation on behalf of a verified caller: a refused parameter or id, no or a bad token, a token that
 # is not an agent's, the identity service or the backend unreachable.
@@ -75,7 +77,7 @@ async def _metrics(ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) 
         reviews["agent"] = ctx.authenticator.reviews
     if isinstance(ctx.admin, admin.KubeAdminAuthorizer):
         reviews["admin"] = ctx.admin.reviews
-    return text_reply(ctx.metrics.render(reviews).encode(), b"text/plain; version=0.0.4")
+    return text_reply(ctx.metrics.render(reviews).encode(), "text/plain; version=0.0.4")
 
 
 async def _openapi(_ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
@@ -108,6 +110,9 @@ _ADMIN_BUCKET = replace(
 _ADMIN_CONVERSATION = replace(
     params.text("conversation", api.ADMIN_CONVERSATION_QUERY, max_length=128, description="Only this conversation"),
     required=False,
+)
+_ADMIN_EXPORTED = params.text(
+    "conversation", api.ADMIN_CONVERSATION_QUERY, max_length=128, description="The conversation to export"
 )
 _ADMIN_LIST_LIMIT = params.integer("limit", "limit", 50, 1, 200, "Page size hint (Valkey SCAN)")
 _ADMIN_LAST = params.integer(
@@ -169,11 +174,11 @@ ROUTES: tuple[Route, ...] = (
         "export",
         "GET",
         f"{_ONE}/export",
-        params.CONVERSATION,
+        (*params.CONVERSATION, params.EXPORT_OFFSET),
         lifecycle.export,
         wire.History,
         CALLER_STATUSES,
-        "Export a whole conversation (streamed)",
+        "Export a conversation, one page of about 1 MiB at a time (nextOffset: where the next starts)",
         "lifecycle",
     ),
     Route(
@@ -313,11 +318,12 @@ ROUTES: tuple[Route, ...] = (
         "admin_export",
         "GET",
         api.ADMIN_EXPORT_PATH,
-        (*_ADMIN_SPACE, _ADMIN_CONVERSATION),
-        admin.export_agent_memory,
+        (*_ADMIN_SPACE, _ADMIN_EXPORTED, params.EXPORT_OFFSET),
+        admin.export_conversation,
         None,
         CALLER_STATUSES | {404},
-        "Export an agent's memory as JSON lines, streamed (RBAC: get agentdeployments/memory)",
+        "Export one conversation of an agent as JSON lines, a page of about 1 MiB at a time (the "
+        f"{api.NEXT_OFFSET_HEADER} header: where the next starts; RBAC: get agentdeployments/memory)",
         "administration",
         content_type=api.NDJSON,
     ),
@@ -345,45 +351,45 @@ ROUTES: tuple[Route, ...] = (
     ),
 )
 
-_CONVERSATIONS = f"{api.API_PREFIX}/conversations/".encode()
+_CONVERSATIONS = f"{api.API_PREFIX}/conversations/"
 
 
 class RouteTable:
-    """Finds the route of a (method, raw path); raises a typed 404 or 405 (with the allowed methods)."""
+    """Finds the route of a (method, decoded path); raises a typed 404 or 405 (with the allowed methods)."""
 
     def __init__(self, routes: tuple[Route, ...] = ROUTES) -> None:
         self.routes = routes
-        self._fixed: dict[bytes, dict[str, Route]] = {}
-        self._conversation: dict[bytes, dict[str, Route]] = {}
-        # Paths of named segments ({name}: one segment, percent-decoded), matched segment by segment.
+        self._fixed: dict[str, dict[str, Route]] = {}
+        self._conversation: dict[str, dict[str, Route]] = {}
+        # Paths of named segments ({name}: one segment), matched segment by segment.
         self._templates: dict[tuple[str, ...], dict[str, Route]] = {}
         for route in routes:
             if route.path.startswith(_ONE):
-                suffix = route.path[len(_ONE) :].lstrip("/").encode()
+                suffix = route.path[len(_ONE) :].lstrip("/")
                 self._conversation.setdefault(suffix, {})[route.method] = route
             elif "{" in route.path:
                 self._templates.setdefault(tuple(route.path.split("/")), {})[route.method] = route
             else:
-                self._fixed.setdefault(route.path.encode(), {})[route.method] = route
+                self._fixed.setdefault(route.path, {})[route.method] = route
         self._suffixes = [suffix for suffix in self._conversation if suffix]
 
-    def match(self, method: str, raw_path: bytes) -> tuple[Route, Mapping[str, str]]:
-        fixed = self._fixed.get(raw_path)
+    def match(self, method: str, path: str) -> tuple[Route, Mapping[str, str]]:
+        fixed = self._fixed.get(path)
         if fixed is not None:
             return _by_method(fixed, method), {}
-        if not raw_path.startswith(_CONVERSATIONS):
-            return self._match_template(method, raw_path)
-        rest = raw_path[len(_CONVERSATIONS) :]
-        suffix = b""
+        if not path.startswith(_CONVERSATIONS):
+            return self._match_template(method, path)
+        rest = path[len(_CONVERSATIONS) :]
+        suffix = ""
         for candidate in self._suffixes:
-            if rest.endswith(b"/" + candidate):
+            if rest.endswith("/" + candidate):
                 suffix, rest = candidate, rest[: -len(candidate) - 1]
                 break
         route = _by_method(self._conversation[suffix], method)
-        return route, {params.CONVERSATION_ID.name: api.decode_path_segment(rest)}
+        return route, {params.CONVERSATION_ID.name: rest}
 
-    def _match_template(self, method: str, raw_path: bytes) -> tuple[Route, Mapping[str, str]]:
-        segments = raw_path.split(b"/")
+    def _match_template(self, method: str, path: str) -> tuple[Route, Mapping[str, str]]:
+        segments = path.split("/")
         for template, by_method in self._templates.items():
             if len(template) != len(segments):
                 continue
@@ -392,12 +398,12 @@ class RouteTable:
                 if part.startswith("{"):
                     if not segment:
                         break
-                    values[part[1:-1]] = api.decode_path_segment(segment)
-                elif part.encode() != segment:
+                    values[part[1:-1]] = segment
+                elif part != segment:
                     break
             else:
                 return _by_method(by_method, method), values
-        raise NotFound(f"no route {raw_path.decode('latin-1')}")
+        raise NotFound(f"no route {path}")
 
 
 class NotAllowedHere(MethodNotAllowed):

@@ -26,7 +26,7 @@ def granian_server(settings: ProxySettings, workers: int) -> MPServer:
         APP_FACTORY,
         address=settings.host,
         port=settings.port,
-        interface=Interfaces.ASGI,
+        interface=Interfaces.RSGI,
         workers=workers,
         factory=True,
         # HTTP/1.1 only: every limit in docs/limits.md holds there; HTTP/2 would need limits of its own.

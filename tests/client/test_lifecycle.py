@@ -75,6 +75,20 @@ async def test_export_returns_every_entry_not_just_the_window(launcher: Launcher
     assert exported.entries[0].content == "question 0" and exported.entries[-1].content == f"answer {total // 2 - 1}"
 
 
+async def test_an_export_over_many_proxy_pages_is_whole_and_in_order(launcher: Launcher) -> None:
+    """The proxy answers about 1 MiB an export page; the launcher joins the pages into one History."""
+    cid = new_conversation_id()
+    big = "x" * 200_000
+    async with httpx.AsyncClient(base_url=memory_url(launcher), timeout=30) as raw:
+        for batch in range(6):
+            entries = [{"role": "user", "content": f"{batch * 4 + i}:{big}"} for i in range(4)]
+            assert (await raw.post(api.entries_path(cid), json={"entries": entries})).status_code == 200
+    async with AsyncMemoryClient(memory_url(launcher)) as memory:
+        exported = await memory.export(cid)
+    assert [entry.content.split(":", 1)[0] for entry in exported.entries] == [str(i) for i in range(24)]
+    assert exported.version == 6 and exported.next_offset is None
+
+
 async def test_listing_pages_through_every_conversation(launcher: Launcher, valkey_server: ValkeyProcess) -> None:
     cids = sorted(new_conversation_id() for _ in range(7))
     async with AsyncMemoryClient(memory_url(launcher)) as memory:

@@ -14,8 +14,9 @@ from sessionmem_core import api
 from sessionmem_core.env import LauncherSettings, ServingLimits
 from sessionmem_core.errors import SessionMemError
 from sessionmem_infra.http_client import HttpClient, HttpError
+from sessionmem_infra.serving import respond, respond_error
 from sessionmem_launcher.server import Launcher, serve_in_background
-from sessionmem_launcher.serving import RequestLimits, respond, respond_error
+from sessionmem_launcher.serving import ListenerLimits
 from tests.support.valkey import free_port
 
 
@@ -37,7 +38,7 @@ class _LimitedEcho:
     """Echoes the body it read through the launcher's own limits."""
 
     def __init__(self, limits: ServingLimits) -> None:
-        self._limits = RequestLimits(limits)
+        self._limits = ListenerLimits(limits)
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
         try:
@@ -78,7 +79,8 @@ async def test_keep_alive_reuses_one_connection_and_decodes_the_path() -> None:
 
 
 async def test_chunked_bodies_expect_continue_malformed_requests_and_the_size_limit() -> None:
-    server = await serve_in_background(_LimitedEcho(ServingLimits(max_body_bytes=16)))
+    # A body declared over the limit is read and dropped until the body timeout (it never comes here).
+    server = await serve_in_background(_LimitedEcho(ServingLimits(max_body_bytes=16, body_timeout_seconds=1)))
     try:
         chunked = await _raw(
             server.port,
@@ -92,6 +94,8 @@ async def test_chunked_bodies_expect_continue_malformed_requests_and_the_size_li
         )
         malformed = await _raw(server.port, b"NOT HTTP AT ALL\r\n\r\n")
         too_large = await _raw(server.port, b"POST /big HTTP/1.1\r\nhost: x\r\ncontent-length: 17\r\n\r\n")
+        # granian leaves a value it cannot decode out of the fields it hands over: refused, never absent.
+        latin1 = await _raw(server.port, b"GET /h HTTP/1.1\r\nhost: x\r\nx-sessionmem-turn: t\xe9\r\n\r\n")
     finally:
         await server.stop()
     assert chunked.startswith(b"HTTP/1.1 200 OK") and b'"body":"abc"' in chunked
@@ -99,6 +103,7 @@ async def test_chunked_bodies_expect_continue_malformed_requests_and_the_size_li
     # Refused by hyper before the launcher sees it: a 400 without a body (docs/limits-launcher.md).
     assert malformed.startswith(b"HTTP/1.1 400")
     assert too_large.startswith(b"HTTP/1.1 413") and b"payload_too_large" in too_large
+    assert latin1.startswith(b"HTTP/1.1 400") and b"x-sessionmem-turn: the value is not visible ASCII" in latin1
 
 
 async def test_client_errors_are_typed_and_a_dropped_keep_alive_connection_is_retried() -> None:

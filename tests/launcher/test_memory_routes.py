@@ -282,3 +282,54 @@ async def test_a_per_user_agent_without_a_capability_is_refused_as_the_client_ex
     assert refused.status_code == 401 and recorder.requests == []
     error = from_wire(refused.status_code, refused.content)
     assert isinstance(error, UserCapabilityRequired) and isinstance(error, Unauthenticated)
+
+
+class PagedExports:
+    """A stand-in proxy answering exports two entries a page, as the proxy pages them; a write lands
+    between the pages of the first export it serves (the version moves on, the entries shift)."""
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+        self.stored = ["a", "b", "c"]
+        self.version = 1
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        query = dict(api.parse_query(scope["query_string"]))
+        offset = int(query.get(api.OFFSET_PARAM, "0"))
+        self.offsets.append(offset)
+        if self.offsets == [0, 2]:
+            self.stored.insert(0, "new")  # as if the cap trimmed and appended meanwhile
+            self.version += 1
+        end = min(offset + 2, len(self.stored))
+        page = {
+            "conversationId": "c",
+            "scope": "session",
+            "version": self.version,
+            "entries": [
+                {"id": f"m{value}", "role": "user", "content": value, "ts": 1} for value in self.stored[offset:end]
+            ],
+            "nextOffset": end if end < len(self.stored) else None,
+        }
+        answer = [(b"content-type", b"application/json"), (api.SCOPE_HEADER.encode(), b"session")]
+        await send({"type": "http.response.start", "status": 200, "headers": answer})
+        await send({"type": "http.response.body", "body": orjson.dumps(page)})
+
+
+async def test_an_export_joins_the_proxys_pages_and_starts_over_when_they_disagree(dev_token_file: Path) -> None:
+    proxy = PagedExports()
+    upstream = await serve_in_background(proxy)
+    launcher = Launcher(launcher_settings(f"http://127.0.0.1:{upstream.port}", dev_token_file), serve_host="127.0.0.1")
+    await launcher.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as client:
+            answer = await client.get("/v1/conversations/c/export?offset=1")
+    finally:
+        await launcher.stop()
+        await upstream.stop()
+    assert answer.status_code == 200
+    document = answer.json()
+    assert [entry["content"] for entry in document["entries"]] == ["new", "a", "b", "c"]
+    assert document["version"] == 2 and document["nextOffset"] is None
+    # The agent's offset is not the proxy's: each export starts at 0; the first was dropped at its second page.
+    assert proxy.offsets == [0, 2, 0, 2]

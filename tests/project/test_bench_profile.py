@@ -13,10 +13,10 @@ START_UP = ";".join(
         "_run_module_as_main (<frozen runpy>:198)",
         "main (sessionmem_proxy/__main__.py:20)",
         "serve (sessionmem_proxy/server.py:48)",
-        "MPServer._spawn_asgi_lifespan_worker (granian/server/mp.py:150)",
+        "MPServer._spawn_rsgi_worker (granian/server/mp.py:150)",
     ]
 )
-CALLBACK = "_callback_wrapper.<locals>._runner (granian/asgi.py:70);ProxyApp.__call__ (sessionmem_proxy/app.py:88)"
+CALLBACK = "ProxyApp.__rsgi__ (sessionmem_proxy/app.py:76)"
 EXPORTER = "_bootstrap (threading.py:1002);_bootstrap_inner (threading.py:1045);run (threading.py:982)"
 
 
@@ -38,4 +38,4 @@ def test_serving_thread_samples_are_split_by_layer_and_other_threads_left_out(tm
     assert profile["main_thread_samples"] == 100
     assert profile["other_thread_samples"] == 40
     assert profile["layers"] == {LOOP_ITSELF: 0.5, "sessionmem code: sessionmem_proxy/app.py": 0.5}
-    assert profile["top_self"][0] == ("MPServer._spawn_asgi_lifespan_worker (granian/server/mp.py)", 0.5)
+    assert profile["top_self"][0] == ("MPServer._spawn_rsgi_worker (granian/server/mp.py)", 0.5)

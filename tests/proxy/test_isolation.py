@@ -77,7 +77,7 @@ def test_the_proxy_refuses_long_lived_and_non_ascii_capabilities(
     per_user_proxy: ServiceProcess, capability_key: bytes
 ) -> None:
     """A capability minted for an hour is refused by the proxy's own maximum; a non-ASCII header value is a
-    typed 401, never a 500."""
+    typed 400, never a 500 nor a request served as if the header were absent."""
     hour = mint_capability(capability_key, "alice", AGENT_A, 3600)
     fifteen_minutes = mint_capability(capability_key, "alice", AGENT_A, 900)
     with httpx.Client(base_url=per_user_proxy.base_url) as client:
@@ -93,7 +93,8 @@ def test_the_proxy_refuses_long_lived_and_non_ascii_capabilities(
         too_long = read(hour.encode())
         assert too_long.status_code == 401 and "longer than this proxy allows" in too_long.json()["error"]["message"]
         non_ascii = read(fifteen_minutes.encode() + "é".encode("latin-1"))
-        assert non_ascii.status_code == 401 and non_ascii.json()["error"]["type"] == "unauthenticated"
+        assert non_ascii.status_code == 400 and non_ascii.json()["error"]["type"] == "invalid_request"
+        assert "x-sessionmem-user-capability" in non_ascii.json()["error"]["message"]
 
 
 _printable = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=140)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import BinaryIO, TypeVar
 
@@ -93,26 +94,35 @@ class AdminClient:
         bucket: str | None,
         out: BinaryIO,
     ) -> int:
-        """Copies the proxy's JSON lines to ``out`` as they arrive; answers how many lines were written."""
-        path = _path(api.ADMIN_EXPORT_PATH, namespace=namespace, agent=agent)
-        params = _space(user, bucket)
+        """Writes JSON lines, one per entry, to ``out``: the named conversation, or each one the listing
+        shows (one user's, or all of the agent's); answers how many lines were written. The proxy answers
+        an export a page at a time, so each page is written before the next is asked for. A listed
+        conversation gone by the time it is read (expired, erased) is skipped."""
         if conversation is not None:
-            params[api.ADMIN_CONVERSATION_QUERY] = conversation
+            targets = [(conversation, _space(user, bucket))]
+        else:
+            listed = await self.conversations(namespace, agent, user, sys.maxsize)
+            # A listing may name a conversation twice (Valkey rehashed while it was scanned): export it once.
+            spaces = dict.fromkeys((found.conversation_id, found.bucket) for found in listed)
+            targets = [(cid, _space(None, found_bucket)) for cid, found_bucket in spaces]
+        path = _path(api.ADMIN_EXPORT_PATH, namespace=namespace, agent=agent)
         lines = 0
-        try:
-            async with self._http.stream("GET", path, params=params) as response:
+        for conversation_id, space in targets:
+            offset: str | None = "0"
+            while offset is not None:
+                params = {**space, api.ADMIN_CONVERSATION_QUERY: conversation_id, api.OFFSET_PARAM: offset}
+                try:
+                    response = await self._http.get(path, params=params)
+                except httpx.HTTPError as exc:
+                    raise PluginError(f"the export was cut short after {lines} entries: {exc}") from exc
+                if response.status_code == 404 and conversation is None and offset == "0":
+                    break
                 if response.status_code != 200:
-                    raise proxy_error(from_wire(response.status_code, await response.aread()))
-                ended = b"\n"
-                async for chunk in response.aiter_bytes():
-                    out.write(chunk)
-                    lines += chunk.count(b"\n")
-                    ended = chunk[-1:] or ended
+                    raise proxy_error(from_wire(response.status_code, response.content))
+                out.write(response.content)
                 out.flush()
-        except httpx.HTTPError as exc:
-            raise PluginError(f"the export was cut short after {lines} entries: {exc}") from exc
-        if ended != b"\n":
-            raise PluginError(f"the export was cut short after {lines} entries")
+                lines += response.content.count(b"\n")
+                offset = response.headers.get(api.NEXT_OFFSET_HEADER)
         return lines
 
     async def erase(
