@@ -3,6 +3,7 @@ proxy, spans), checked against the real proxy or a real recording upstream."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,21 @@ async def recording_launcher(
     yield recorder, launcher
     await launcher.stop()
     await upstream.stop()
+
+
+@contextlib.asynccontextmanager
+async def _memory_client(upstream_app: Any, token_file: Path, **environ: str) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the memory endpoint of a launcher whose proxy is ``upstream_app``."""
+    upstream = await serve_in_background(upstream_app)
+    settings = launcher_settings(f"http://127.0.0.1:{upstream.port}", token_file, **environ)
+    launcher = Launcher(settings, serve_host="127.0.0.1")
+    await launcher.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as client:
+            yield client
+    finally:
+        await launcher.stop()
+        await upstream.stop()
 
 
 @pytest.fixture
@@ -269,16 +285,8 @@ async def test_a_per_user_agent_without_a_capability_is_refused_as_the_client_ex
     dev_token_file: Path,
 ) -> None:
     recorder = Recorder()
-    upstream = await serve_in_background(recorder)
-    settings = launcher_settings(f"http://127.0.0.1:{upstream.port}", dev_token_file, **{env.PER_USER: "true"})
-    launcher = Launcher(settings, serve_host="127.0.0.1")
-    await launcher.start()
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as client:
-            refused = await client.get("/v1/conversations/c1/entries")
-    finally:
-        await launcher.stop()
-        await upstream.stop()
+    async with _memory_client(recorder, dev_token_file, **{env.PER_USER: "true"}) as client:
+        refused = await client.get("/v1/conversations/c1/entries")
     assert refused.status_code == 401 and recorder.requests == []
     error = from_wire(refused.status_code, refused.content)
     assert isinstance(error, UserCapabilityRequired) and isinstance(error, Unauthenticated)
@@ -318,15 +326,8 @@ class PagedExports:
 
 async def test_an_export_joins_the_proxys_pages_and_starts_over_when_they_disagree(dev_token_file: Path) -> None:
     proxy = PagedExports()
-    upstream = await serve_in_background(proxy)
-    launcher = Launcher(launcher_settings(f"http://127.0.0.1:{upstream.port}", dev_token_file), serve_host="127.0.0.1")
-    await launcher.start()
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as client:
-            answer = await client.get("/v1/conversations/c/export?offset=1")
-    finally:
-        await launcher.stop()
-        await upstream.stop()
+    async with _memory_client(proxy, dev_token_file) as client:
+        answer = await client.get("/v1/conversations/c/export?offset=1")
     assert answer.status_code == 200
     document = answer.json()
     assert [entry["content"] for entry in document["entries"]] == ["new", "a", "b", "c"]
