@@ -75,9 +75,10 @@ class RequestLimits:
         self.serving = serving
         self._body_deadlines = Deadlines(serving.body_timeout_seconds)
 
-    def check_head(self, path: str, query: str, headers: HeaderFields) -> list[tuple[str, str]]:
-        """The request's header fields; 414 for a URL over the limit, 431 for too many header fields or too
-        many header bytes, 400 for a field whose value is not visible ASCII.
+    def check_head(self, path: str, query: str, headers: HeaderFields) -> dict[str, str]:
+        """The request's header fields by name (the last value of a repeated one); 414 for a URL over the
+        limit, 431 for too many header fields or too many header bytes, 400 for a field whose value is not
+        visible ASCII.
 
         granian hands over the decoded path: its UTF-8 length is at most the raw target's (each escape
         is three bytes for one), and the raw head as a whole is bounded by hyper's buffer before this.
@@ -90,16 +91,17 @@ class RequestLimits:
         fields = headers.items()
         if len(fields) > limits.max_header_count:
             raise HeadersTooLarge(f"more than {limits.max_header_count} header fields")
-        names = headers.keys()
-        if len(names) != len({name for name, _ in fields}):
-            unreadable = sorted(set(names).difference(name for name, _ in fields))
-            raise InvalidRequest(f"header field {', '.join(unreadable)}: the value is not visible ASCII")
         size = 4 * len(fields)  # "name: value\r\n"
         for name, value in fields:
             size += len(name) + len(value)
         if size > limits.max_header_bytes:
             raise HeadersTooLarge(f"header fields exceed {limits.max_header_bytes} bytes")
-        return fields
+        by_name = dict(fields)
+        names = headers.keys()
+        if len(names) != len(by_name):
+            unreadable = sorted(set(names).difference(by_name))
+            raise InvalidRequest(f"header field {', '.join(unreadable)}: the value is not visible ASCII")
+        return by_name
 
     async def read_body(
         self, proto: HTTPProtocol, content_length: str | None, chunked: bool, meter: BodyMeter | None = None

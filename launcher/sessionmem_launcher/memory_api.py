@@ -49,7 +49,7 @@ class MemoryEndpoint:
             op,
             conversation_id,
             path,
-            api.parse_query(scope.query_string.encode("latin-1")),
+            api.parse_query(scope.query_string),
             partial(self._limits.read_body, scope, proto),
             CallerHeaders.of(scope.headers.get, None),
             partial(self._capability_of, scope),

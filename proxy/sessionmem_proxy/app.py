@@ -82,7 +82,7 @@ class ProxyApp:
             _respond(proto, error_reply(Overloaded("this worker is at its request limit; retry")))
             return
         try:
-            _respond(proto, await self._serve(route, path_values, scope.query_string, dict(headers), proto))
+            _respond(proto, await self._serve(route, path_values, scope.query_string, headers, proto))
         finally:
             if route.counted:
                 self.in_flight.leave()
@@ -108,7 +108,7 @@ class ProxyApp:
     ) -> Reply:
         """The reply of one routed request; every failure becomes a typed answer here."""
         try:
-            values = parse(route.params, RawRequest(path_values, dict(api.parse_query(query.encode())), headers))
+            values = parse(route.params, RawRequest(path_values, dict(api.parse_query(query)), headers))
             if route.request is None:
                 return await route.handler(self.ctx, values, None)
             uploader = await self._admit_upload(headers)

@@ -9,10 +9,9 @@ from pydantic import BaseModel
 
 from sessionmem_core import api
 from sessionmem_core.errors import SessionMemError, error_body
+from sessionmem_infra.serving import JSON_HEADERS
 
-JSON = "application/json"
 Headers = list[tuple[str, str]]
-_JSON_HEADERS: Headers = [("content-type", JSON)]
 _SCOPE, _ENTRIES, _VERSION = api.SCOPE_HEADER, api.ENTRIES_HEADER, api.VERSION_HEADER
 
 
@@ -24,18 +23,18 @@ class Reply:
 
 
 def memory_headers(scope: str, entries: int, version: int | None) -> Headers:
-    headers = [*_JSON_HEADERS, (_SCOPE, scope), (_ENTRIES, str(entries))]
+    headers = [*JSON_HEADERS, (_SCOPE, scope), (_ENTRIES, str(entries))]
     if version is not None:
         headers.append((_VERSION, str(version)))
     return headers
 
 
 def json_reply(body: bytes, status: int = 200) -> Reply:
-    return Reply(status, _JSON_HEADERS, body)
+    return Reply(status, JSON_HEADERS, body)
 
 
 def model_reply(model: BaseModel) -> Reply:
-    return Reply(200, _JSON_HEADERS, model.model_dump_json(by_alias=True).encode())
+    return Reply(200, JSON_HEADERS, model.model_dump_json(by_alias=True).encode())
 
 
 def memory_reply(body: bytes | BaseModel, scope: str, entries: int, version: int | None) -> Reply:
@@ -49,9 +48,9 @@ def text_reply(body: bytes, content_type: str) -> Reply:
 
 
 def error_reply(error: SessionMemError, extra: Headers | None = None) -> Reply:
-    return Reply(error.status, [*_JSON_HEADERS, *error.headers(), *(extra or ())], error.body())
+    return Reply(error.status, [*JSON_HEADERS, *error.headers(), *(extra or ())], error.body())
 
 
 def internal_error_reply(exc: BaseException) -> Reply:
     # Still a typed body: a client must never have to parse a bare text error.
-    return Reply(500, _JSON_HEADERS, error_body("internal", f"internal error ({type(exc).__name__})"))
+    return Reply(500, JSON_HEADERS, error_body("internal", f"internal error ({type(exc).__name__})"))

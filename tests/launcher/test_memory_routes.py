@@ -303,7 +303,7 @@ class PagedExports:
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         await receive()
-        query = dict(api.parse_query(scope["query_string"]))
+        query = dict(api.parse_query(scope["query_string"].decode()))
         offset = int(query.get(api.OFFSET_PARAM, "0"))
         self.offsets.append(offset)
         if self.offsets == [0, 2]:
