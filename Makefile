@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Each phase of `make test` and `make e2e` prints its duration (`[phase] NAME: Ns`), so a slow run says why.
+PHASE := bash tools/ci/phase.sh
+SUBMAKE := $(MAKE) --no-print-directory
 
 .PHONY: run test lint typecheck unit integration bench soak envtest crds crds-check helm clean openapi \
 	constraints e2e e2e-prereqs e2e-image e2e-binaries e2e-up e2e-down
@@ -25,8 +28,12 @@ run: $(STAMP)
 	@$(PY) -m sessionmem_demo.stack
 
 ## Everything: lint, types, unit tests, and integration tests against real valkey-server and kube-apiserver.
-test: $(STAMP) lint typecheck
-	@$(PY) -m pytest
+test:
+	@$(PHASE) venv $(SUBMAKE) $(STAMP)
+	@$(PHASE) lint $(SUBMAKE) lint
+	@$(PHASE) mypy $(SUBMAKE) typecheck
+	@$(PHASE) envtest-build bash tools/envtest/ensure-binaries.sh >/dev/null
+	@$(PHASE) pytest $(PY) -m pytest
 
 lint: $(STAMP)
 	@$(VENV)/bin/ruff check .
@@ -48,7 +55,10 @@ envtest:
 ## The e2e tier (root): a real single-node cluster on this host runs the image; see tools/e2e/README.md.
 ## Not part of `make test`. The cluster comes up for the run and goes down after it.
 e2e: $(STAMP)
-	@$(PY) -m pytest -m e2e tests/e2e
+	@$(PHASE) e2e-prereqs bash tools/e2e/prereqs.sh
+	@$(PHASE) e2e-binaries bash tools/e2e/build-binaries.sh >/dev/null
+	@$(PHASE) e2e-image bash tools/e2e/image.sh >/dev/null
+	@$(PHASE) e2e-tests $(PY) -m pytest -m e2e tests/e2e
 
 e2e-prereqs:
 	@bash tools/e2e/prereqs.sh
