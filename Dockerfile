@@ -63,7 +63,10 @@ LABEL org.opencontainers.image.title="sessionmem" \
       org.opencontainers.image.licenses="Apache-2.0"
 
 # PYTHONSAFEPATH: never put the working directory on sys.path (nothing but site-packages is imported).
+# LOGNAME: getpass.getuser() (kopf's peering identity) reads it before the passwd file, so the image also
+# runs under a uid the platform picks (OpenShift's restricted-v2), which has no passwd entry.
 ENV PATH=/opt/sessionmem/bin:$PATH \
+    LOGNAME=sessionmem \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PYTHONSAFEPATH=1 \

@@ -59,12 +59,33 @@ app.kubernetes.io/component: {{ index . 1 }}
 
 {{/* Images ----------------------------------------------------------------------------------------- */}}
 
-{{- define "sessionmem.image" -}}
-{{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
-{{- else -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{/*
+An image reference from {registry, repository, tag, digest}: include "sessionmem.imageRef" (list $ .Values.image
+defaultTag). global.imageRegistry, then the image's own registry, replaces the registry the repository names
+(its first part when that has a "." or ":" or is localhost, as container runtimes read it); neither set: the
+repository as written. A digest pins the image and the tag is ignored.
+*/}}
+{{- define "sessionmem.imageRef" -}}
+{{- $root := index . 0 -}}
+{{- $image := index . 1 -}}
+{{- $registry := (($root.Values.global).imageRegistry) | default $image.registry | default "" | trimSuffix "/" -}}
+{{- $repository := $image.repository -}}
+{{- if $registry -}}
+{{- $first := regexFind "^[^/]+" $repository -}}
+{{- if and (contains "/" $repository) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $repository = regexReplaceAll "^[^/]+/" $repository "" -}}
 {{- end -}}
+{{- $repository = printf "%s/%s" $registry $repository -}}
+{{- end -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $repository $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository ($image.tag | default (index . 2)) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sessionmem.image" -}}
+{{- include "sessionmem.imageRef" (list . .Values.image .Chart.AppVersion) -}}
 {{- end -}}
 
 {{- define "sessionmem.launcherImage" -}}
@@ -72,10 +93,24 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
 {{- define "sessionmem.valkey.image" -}}
-{{- if .Values.valkey.image.digest -}}
-{{- printf "%s@%s" .Values.valkey.image.repository .Values.valkey.image.digest -}}
+{{- include "sessionmem.imageRef" (list . .Values.valkey.image .Values.valkey.image.tag) -}}
+{{- end -}}
+
+{{/* ServiceAccounts -------------------------------------------------------------------------------- */}}
+
+{{/*
+The ServiceAccount a component runs as: include "sessionmem.serviceAccountName" (list $ "proxy"). Created by
+the chart (default name <fullname>-<component>), or an existing one named by <component>.serviceAccount.name;
+the chart's RBAC binds whichever it is. Never the namespace's default account by omission.
+*/}}
+{{- define "sessionmem.serviceAccountName" -}}
+{{- $root := index . 0 -}}
+{{- $component := index . 1 -}}
+{{- $account := (index $root.Values $component).serviceAccount -}}
+{{- if $account.create -}}
+{{- $account.name | default (printf "%s-%s" (include "sessionmem.fullname" $root) $component) -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.valkey.image.repository .Values.valkey.image.tag -}}
+{{- required (printf "%s.serviceAccount.name is required when %s.serviceAccount.create is false" $component $component) $account.name -}}
 {{- end -}}
 {{- end -}}
 
@@ -161,7 +196,14 @@ lists several seed nodes. */}}
 
 {{/* Security contexts ------------------------------------------------------------------------------ */}}
 
-{{- define "sessionmem.podSecurityContext" -}}
+{{/*
+Security contexts. The defaults below are merged with a component's podSecurityContext and
+containerSecurityContext values (a key set to null there removes the default). Under OpenShift's
+restricted-v2 SCC fixed ids are refused: global.compatibility.openshift.adaptSecurityContext (auto: when
+the cluster serves security.openshift.io/v1; force; disabled) leaves runAsUser, runAsGroup, fsGroup and
+seLinuxOptions to the platform. The image runs under any uid (files world-readable, HOME=/tmp).
+*/}}
+{{- define "sessionmem.defaultPodSecurityContext" -}}
 runAsNonRoot: true
 runAsUser: {{ . }}
 runAsGroup: {{ . }}
@@ -171,7 +213,7 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
-{{- define "sessionmem.containerSecurityContext" -}}
+{{- define "sessionmem.defaultContainerSecurityContext" -}}
 allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
 runAsNonRoot: true
@@ -180,6 +222,44 @@ capabilities:
   drop: [ALL]
 seccompProfile:
   type: RuntimeDefault
+{{- end -}}
+
+{{- define "sessionmem.adaptsToOpenShift" -}}
+{{- $mode := ((((.Values.global).compatibility).openshift).adaptSecurityContext) | default "auto" -}}
+{{- if or (eq $mode "force") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "security.openshift.io/v1")) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* include "sessionmem.securityContext" (list $ defaultsYaml overrides) */}}
+{{- define "sessionmem.securityContext" -}}
+{{- $root := index . 0 -}}
+{{- $context := fromYaml (index . 1) -}}
+{{- range $key, $value := (index . 2 | default dict) -}}
+{{- if kindIs "invalid" $value -}}
+{{- $_ := unset $context $key -}}
+{{- else -}}
+{{- $_ := set $context $key $value -}}
+{{- end -}}
+{{- end -}}
+{{- if include "sessionmem.adaptsToOpenShift" $root -}}
+{{- range $key := list "runAsUser" "runAsGroup" "fsGroup" "seLinuxOptions" -}}
+{{- $_ := unset $context $key -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $context -}}
+{{- end -}}
+
+{{/* include "sessionmem.podSecurityContext" (list $ .Values.proxy 10001) */}}
+{{- define "sessionmem.podSecurityContext" -}}
+{{- $root := index . 0 -}}
+{{- include "sessionmem.securityContext" (list $root (include "sessionmem.defaultPodSecurityContext" (index . 2)) (index . 1).podSecurityContext) -}}
+{{- end -}}
+
+{{/* include "sessionmem.containerSecurityContext" (list $ .Values.proxy) */}}
+{{- define "sessionmem.containerSecurityContext" -}}
+{{- $root := index . 0 -}}
+{{- include "sessionmem.securityContext" (list $root (include "sessionmem.defaultContainerSecurityContext" .) (index . 1).containerSecurityContext) -}}
 {{- end -}}
 
 {{/* Scheduling fields shared by every pod spec: include "sessionmem.scheduling" .Values.proxy */}}
