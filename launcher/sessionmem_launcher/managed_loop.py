@@ -21,8 +21,7 @@ import asyncio
 from urllib.parse import quote
 
 import orjson
-from granian._granian import RSGIHTTPProtocol as HTTPProtocol
-from granian.rsgi import Scope
+from granian.rsgi import HTTPProtocol, Scope
 
 from sessionmem_core import api
 from sessionmem_core.env import LauncherSettings

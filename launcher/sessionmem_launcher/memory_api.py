@@ -11,8 +11,7 @@ from __future__ import annotations
 from functools import cache, partial
 from pathlib import Path
 
-from granian._granian import RSGIHTTPProtocol as HTTPProtocol
-from granian.rsgi import Scope
+from granian.rsgi import HTTPProtocol, Scope
 
 from sessionmem_core import api
 from sessionmem_core.errors import CapabilityNotAccepted, NotFound

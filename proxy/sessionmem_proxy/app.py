@@ -16,8 +16,7 @@ import pathlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from granian._granian import RSGIHTTPProtocol as HTTPProtocol
-from granian.rsgi import Scope
+from granian.rsgi import HTTPProtocol, Scope
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 

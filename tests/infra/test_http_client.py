@@ -15,7 +15,7 @@ import uvloop
 
 from sessionmem_core.env import ServingLimits
 from sessionmem_infra.http_client import BlockingHttpClient, HttpClient, HttpError, HttpTimeout
-from sessionmem_launcher.serving import EmbeddedServer, serve_in_background
+from tests.support.serving import TestServer, serve_in_background
 from tests.support.valkey import free_port
 
 # The peer closes a kept-alive connection idle for this long: how a test makes the server drop one.
@@ -28,7 +28,7 @@ class Peer:
 
     def __init__(self) -> None:
         self.client_ports: list[int] = []
-        self.server: EmbeddedServer | None = None
+        self.server: TestServer | None = None
 
     @property
     def port(self) -> int:
