@@ -53,7 +53,7 @@ async def read_entries(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Rep
         body = b"".join(
             (
                 b'{"conversationId":',
-                orjson.dumps(p["conversation_id"]),
+                orjson.dumps(op.conversation),
                 b',"scope":"',
                 op.scope.encode(),
                 b'","version":',
@@ -64,8 +64,7 @@ async def read_entries(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Rep
                 b"}",
             )
         )
-        if ctx.quotas is not None:
-            ctx.quotas.charge(op.identity.owner, len(body))
+        ctx.quotas.charge(op.identity.owner, len(body))
         return memory_reply(body, op.scope, len(result.raw_entries), result.version)
 
 
@@ -78,6 +77,7 @@ async def append_entries(ctx: ProxyContext, p: Params, body: BaseModel | None) -
             author=op.identity.owner.author,
             cap=p["cap"],
             ttl_seconds=p["ttl_seconds"],
+            quota=op.limits,
         )
         op.span.entries, op.span.version = result.stored, result.version
         duplicate = b"true" if result.duplicate else b"false"

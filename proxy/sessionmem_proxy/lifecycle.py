@@ -9,39 +9,12 @@ from pydantic import BaseModel
 from sessionmem_core import api, wire
 from sessionmem_core.errors import Forbidden, InvalidRequest
 from sessionmem_core.keys import Scope
+from sessionmem_proxy.bulk import conversations_under, delete_all, export_page
 from sessionmem_proxy.context import ProxyContext, identify
 from sessionmem_proxy.hot import Params, new_entries, operation
+from sessionmem_proxy.keying import conversation_in
 from sessionmem_proxy.replies import Reply, memory_reply, model_reply
 from sessionmem_proxy.store import search_entries
-
-_SCAN_BATCH = 200
-# A page scans at most this many batches, so one request stays bounded however sparse the keyspace.
-_MAX_SCANS_PER_PAGE = 50
-# An export is paged: each request answers entries from an offset up to about EXPORT_PAGE_BYTES, and the
-# offset of the next page, so the proxy holds about one page per request whatever the conversation's
-# length (granian's RSGI has no flow control for a streamed answer, so nothing is streamed). A page is read
-# in steps sized from the largest entry so far, starting small because entries may be up to
-# MAX_CONTENT_CHARS each.
-EXPORT_PAGE_BYTES = 1024 * 1024
-EXPORT_FIRST_STEP_ENTRIES = 4
-EXPORT_MAX_STEP_ENTRIES = 256
-
-
-async def export_page(ctx: ProxyContext, key: str, offset: int, length: int) -> tuple[list[bytes], int | None]:
-    """The stored entries of one export page, from ``offset`` of a list of ``length``; and the offset of the
-    next page, None once this one reached the end. Not a snapshot: entries written or trimmed between
-    pages shift the offsets, so a busy conversation's export may repeat or miss an entry at a page edge."""
-    page: list[bytes] = []
-    at, taken, step = offset, 0, EXPORT_FIRST_STEP_ENTRIES
-    while taken < EXPORT_PAGE_BYTES and at < length:
-        got = await ctx.store.read_range(key, at, min(at + step, length) - 1)
-        if not got:
-            return page, None  # trimmed meanwhile: the list ends here now
-        page += got
-        at += len(got)
-        taken += sum(map(len, got))
-        step = max(1, min(EXPORT_MAX_STEP_ENTRIES, (EXPORT_PAGE_BYTES - taken) // max(map(len, got))))
-    return page, at if at < length else None
 
 
 async def search(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
@@ -50,7 +23,7 @@ async def search(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
         matches = search_entries(result.raw_entries, p["q"], p["limit"])
         op.span.entries, op.span.version = len(matches), result.version
         response = wire.SearchResponse(
-            conversationId=p["conversation_id"],
+            conversationId=op.conversation,
             scope=op.scope,
             query=p["q"],
             matches=[wire.Entry.model_validate(m) for m in matches],
@@ -79,6 +52,7 @@ async def replace(ctx: ProxyContext, p: Params, body: BaseModel | None) -> Reply
             expected_version=expected,
             cap=p["cap"],
             ttl_seconds=p["ttl_seconds"],
+            quota=op.limits,
         )
         op.span.entries, op.span.version = result.stored, result.version
         response = wire.ReplaceResponse(version=result.version, stored=result.stored, scope=op.scope)
@@ -110,7 +84,7 @@ async def info(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
         op.span.entries, op.span.version = length, version
         return model_reply(
             wire.ConversationInfo(
-                conversationId=p["conversation_id"],
+                conversationId=op.conversation,
                 scope=op.scope,
                 exists=length > 0,
                 version=version,
@@ -130,52 +104,22 @@ async def export(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
     quotas = ctx.quotas
     async with operation(ctx, "export", p) as op:
         owner = op.identity.owner
-        end = quotas.open_stream(owner) if quotas is not None else None
+        end = quotas.open_stream(owner)
         try:
             length, version, _ttl = await ctx.store.info(op.key)
-            page, next_offset = await export_page(ctx, op.key, p["offset"], length)
+            page, next_offset = await export_page(ctx.store, op.key, p["offset"], length)
             op.span.entries, op.span.version = len(page), version
             body = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[%s],"nextOffset":%s}' % (
-                orjson.dumps(p["conversation_id"]),
+                orjson.dumps(op.conversation),
                 op.scope.encode(),
                 version,
                 b",".join(page),
                 b"null" if next_offset is None else b"%d" % next_offset,
             )
-            if quotas is not None:
-                await quotas.pace(owner, len(body))
+            await quotas.pace(owner, len(body))
         finally:
-            if end is not None:
-                end()
+            end()
     return memory_reply(body, op.scope, length, version)
-
-
-async def _conversations_under(
-    ctx: ProxyContext, prefix: str, cursor: int, limit: int, direct_only: bool
-) -> tuple[list[str], int]:
-    """Keys directly under ``prefix`` (no nested per-user keys when ``direct_only``), one page."""
-    found: list[str] = []
-    for _ in range(_MAX_SCANS_PER_PAGE):
-        cursor, keys = await ctx.store.scan(prefix + "*", cursor, max(1, limit - len(found)))
-        found += [k for k in keys if not direct_only or ":" not in k[len(prefix) :]]
-        if cursor == 0 or len(found) >= limit:
-            break
-    return found, cursor
-
-
-async def delete_all(ctx: ProxyContext, prefix: str) -> tuple[list[str], int]:
-    removed_keys: list[str] = []
-    entries = 0
-    cursor = 0
-    while True:
-        cursor, keys = await ctx.store.scan(prefix + "*", cursor, _SCAN_BATCH)
-        for key in keys:
-            count = await ctx.store.delete(key)
-            if count:
-                removed_keys.append(key)
-                entries += count
-        if cursor == 0:
-            return removed_keys, entries
 
 
 async def list_conversations(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
@@ -184,12 +128,15 @@ async def list_conversations(ctx: ProxyContext, p: Params, _: BaseModel | None) 
         raise InvalidRequest("cursor is not one this server returned")
     with ctx.tracer.span("list", "", p["traceparent"]) as span:
         identity = await identify(ctx, p["authorization"])
-        key_prefix, scope_used = await ctx.keys.resolve_prefix(identity, p["scope"], p["capability"])
-        keys, next_cursor = await _conversations_under(ctx, key_prefix, cursor, p["limit"], direct_only=True)
+        per_user = (await ctx.quotas.policy_of(identity.owner)).per_user
+        key_prefix, scope_used = await ctx.keys.resolve_prefix(identity, p["scope"], p["capability"], per_user)
+        keys, next_cursor = await conversations_under(ctx.store, key_prefix, cursor, p["limit"], direct_only=True)
         span.scope, span.entries = scope_used, len(keys)
         return model_reply(
             wire.ConversationList(
-                conversations=[wire.ConversationRef(conversationId=k[len(key_prefix) :]) for k in sorted(keys)],
+                conversations=[
+                    wire.ConversationRef(conversationId=conversation_in(key_prefix, k)) for k in sorted(keys)
+                ],
                 nextCursor=str(next_cursor) if next_cursor else None,
             )
         )
@@ -210,7 +157,7 @@ async def erase_user(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply
     with ctx.tracer.span("erase_user", "", p["traceparent"]) as span:
         identity = await identify(ctx, p["authorization"])
         user_prefix = ctx.keys.user_prefix(identity, p["capability"])
-        removed, entries = await delete_all(ctx, user_prefix)
+        removed, entries = await delete_all(ctx.store, user_prefix)
         span.scope, span.entries = Scope.SESSION.value, entries
-        ids = sorted(k[len(user_prefix) :] for k in removed)
+        ids = sorted(conversation_in(user_prefix, k) for k in removed)
         return model_reply(wire.UserErasure(conversations=ids, entries=entries))

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from sessionmem_core import api, env, wire
 from sessionmem_core.errors import MethodNotAllowed, NotFound
-from sessionmem_proxy import admin, hot, lifecycle, params
+from sessionmem_proxy import admin, hot, lifecycle, params, rbac
 from sessionmem_proxy.context import ProxyContext
 from sessionmem_proxy.params import Param
 from sessionmem_proxy.replies import Reply, json_reply, text_reply
@@ -75,15 +75,13 @@ async def _metrics(ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) 
     reviews: dict[str, Mapping[str, int]] = {}
     if isinstance(ctx.authenticator, TokenReviewAuthenticator):
         reviews["agent"] = ctx.authenticator.reviews
-    if isinstance(ctx.admin, admin.KubeAdminAuthorizer):
+    if isinstance(ctx.admin, rbac.KubeAdminAuthorizer):
         reviews["admin"] = ctx.admin.reviews
     return text_reply(ctx.metrics.render(reviews).encode(), "text/plain; version=0.0.4")
 
 
-async def _openapi(_ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
-    from sessionmem_proxy.openapi import document_bytes  # the document is built from this table
-
-    return json_reply(document_bytes())
+async def _openapi(ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
+    return json_reply(ctx.openapi())
 
 
 _ID = "{conversationId}"
