@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 from pydantic import BaseModel
@@ -39,6 +39,18 @@ from sessionmem_proxy.keying import (
     registry_space,
     user_bucket_keys,
 )
+from sessionmem_proxy.params import (
+    AdminConversationParams,
+    AdminExportParams,
+    AdminListParams,
+    AdminNamespaceUserParams,
+    AdminParams,
+    AdminRegistryParams,
+    AdminShowParams,
+    AdminSpace,
+    AdminUserParams,
+    P,
+)
 from sessionmem_proxy.rbac import ERASE, LIST, READ, Administrator
 from sessionmem_proxy.replies import Reply, model_reply
 
@@ -49,17 +61,17 @@ _AUDIT = logging.getLogger("sessionmem.proxy.audit")
 # A conversation of a space, to read the space's accounting by (it is kept per space, not per conversation).
 _ANY_CONVERSATION = parse_conversation_id("stats")
 
-_Handler = Callable[["ProxyContext", dict[str, Any], BaseModel | None], Awaitable[Reply]]
+_Handler = Callable[["ProxyContext", P, BaseModel | None], Awaitable[Reply]]
 _NDJSON_HEADER = ("content-type", api.NDJSON)
 
 
-def observed(op: str) -> Callable[[_Handler], _Handler]:
+def observed(op: str) -> Callable[[_Handler[P]], _Handler[P]]:
     """Counts an administrator's operation in the proxy's metrics (``op``, and ``ok`` or its typed error),
     as the agents' operations are counted."""
 
-    def wrap(handler: _Handler) -> _Handler:
+    def wrap(handler: _Handler[P]) -> _Handler[P]:
         @functools.wraps(handler)
-        async def counted(ctx: ProxyContext, p: dict[str, Any], body: BaseModel | None) -> Reply:
+        async def counted(ctx: ProxyContext, p: P, body: BaseModel | None) -> Reply:
             started, outcome = time.perf_counter(), "internal"
             try:
                 answer = await handler(ctx, p, body)
@@ -77,31 +89,31 @@ def observed(op: str) -> Callable[[_Handler], _Handler]:
 
 
 @observed("admin_erase_agent")
-async def erase_agent_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def erase_agent_memory(ctx: ProxyContext, p: AdminParams, _: BaseModel | None) -> Reply:
     """Every conversation of one agent, its users' buckets included: for a person allowed to delete the
     memory of that AgentDeployment."""
-    owner = Owner(p["namespace"], p["agent"])
+    owner = Owner(p.namespace, p.agent)
     return await _erase(ctx, p, agent_space(owner), owner.namespace, owner.agent, kube.AGENT_PLURAL)
 
 
 @observed("admin_erase_user")
-async def erase_user_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def erase_user_memory(ctx: ProxyContext, p: AdminUserParams, _: BaseModel | None) -> Reply:
     """One end user's conversations with one agent (their bucket), for a person allowed to delete the
     memory of that AgentDeployment. The bucket is derived as the proxy derives it for the user's turns."""
-    owner = Owner(p["namespace"], p["agent"])
-    prefix = ctx.keys.bucket_prefix(owner, p["user"])
-    return await _erase(ctx, p, prefix, owner.namespace, owner.agent, kube.AGENT_PLURAL, user=p["user"])
+    owner = Owner(p.namespace, p.agent)
+    prefix = ctx.keys.bucket_prefix(owner, p.user)
+    return await _erase(ctx, p, prefix, owner.namespace, owner.agent, kube.AGENT_PLURAL, user=p.user)
 
 
 @observed("admin_erase_user_everywhere")
-async def erase_user_everywhere(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def erase_user_everywhere(ctx: ProxyContext, p: AdminNamespaceUserParams, _: BaseModel | None) -> Reply:
     """One end user's conversations with every agent of a namespace, for a person allowed to delete the
     memory of all the namespace's AgentDeployments. The user's buckets are found by the agents that keep
     per-user memory there (their bucket keys), each derived as the proxy derives it for the user's turns."""
-    namespace, user = p["namespace"], p["user"]
+    namespace, user = p.namespace, p.user
     if ctx.admin is None:
         raise Forbidden("memory administration is not enabled on this proxy")
-    admin = await ctx.admin.authorize(bearer_token(p["authorization"]), ERASE, namespace, None)
+    admin = await ctx.admin.authorize(bearer_token(p.authorization), ERASE, namespace, None)
     agents: set[str] = set()
     cursor = 0
     while True:
@@ -111,7 +123,7 @@ async def erase_user_everywhere(ctx: ProxyContext, p: dict[str, Any], _: BaseMod
             break
     removed: list[str] = []
     entries = 0
-    with ctx.tracer.span("admin_erase", "", p["traceparent"]) as span:
+    with ctx.tracer.span("admin_erase", "", p.traceparent) as span:
         for agent in sorted(agents):
             keys, count = await delete_all(ctx.store, ctx.keys.bucket_prefix(Owner(namespace, agent), user))
             removed += keys
@@ -132,16 +144,16 @@ async def erase_user_everywhere(ctx: ProxyContext, p: dict[str, Any], _: BaseMod
 
 
 @observed("admin_erase_registry")
-async def erase_registry_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def erase_registry_memory(ctx: ProxyContext, p: AdminRegistryParams, _: BaseModel | None) -> Reply:
     """Every shared conversation of one AgentRegistry's team: its members append and read them, but
     replacing or erasing them is a person's act (delete on agentregistries/memory, cluster-scoped)."""
-    prefix = registry_space(p["registry"])  # a typed 400 for a name that is not a DNS label
-    return await _erase(ctx, p, prefix, "", p["registry"], kube.REGISTRY_PLURAL)
+    prefix = registry_space(p.registry)  # a typed 400 for a name that is not a DNS label
+    return await _erase(ctx, p, prefix, "", p.registry, kube.REGISTRY_PLURAL)
 
 
 async def _erase(
     ctx: ProxyContext,
-    p: dict[str, Any],
+    p: AdminParams | AdminUserParams | AdminRegistryParams,
     prefix: str,
     namespace: str,
     name: str,
@@ -150,8 +162,8 @@ async def _erase(
 ) -> Reply:
     if ctx.admin is None:
         raise Forbidden("memory administration is not enabled on this proxy")
-    admin = await ctx.admin.authorize(bearer_token(p["authorization"]), ERASE, namespace, name, resource)
-    with ctx.tracer.span("admin_erase", "", p["traceparent"]) as span:
+    admin = await ctx.admin.authorize(bearer_token(p.authorization), ERASE, namespace, name, resource)
+    with ctx.tracer.span("admin_erase", "", p.traceparent) as span:
         removed, entries = await delete_all(ctx.store, prefix)
         span.entries = entries
     target = f"{namespace}/{name}" if namespace else f"registry {name}"
@@ -187,15 +199,17 @@ _SCAN_BATCH = 200
 _MAX_SCANS_PER_PAGE = 50
 
 
-async def _authorized_space(ctx: ProxyContext, p: dict[str, Any], verb: str) -> tuple[Owner, str, Administrator]:
+async def _authorized_space(
+    ctx: ProxyContext, p: AdminSpace | AdminParams, verb: str
+) -> tuple[Owner, str, Administrator]:
     """(owner, key prefix of the space asked for, administrator): the agent's whole private space, or one
     end user's bucket in it (``user``, derived as for the user's own turns; or the ``bucket`` a listing
-    showed)."""
-    owner = Owner(p["namespace"], p["agent"])
+    showed). Parameters without a user (``AdminParams``) name the whole space."""
+    owner = Owner(p.namespace, p.agent)
     if ctx.admin is None:
         raise Forbidden("memory administration is not enabled on this proxy")
-    admin = await ctx.admin.authorize(bearer_token(p["authorization"]), verb, owner.namespace, owner.agent)
-    user, bucket = p.get("user"), p.get("bucket")
+    admin = await ctx.admin.authorize(bearer_token(p.authorization), verb, owner.namespace, owner.agent)
+    user, bucket = (None, None) if isinstance(p, AdminParams) else (p.user, p.bucket)
     if user is not None and bucket is not None:
         raise InvalidRequest("name the end user or their bucket, not both")
     if user is not None:
@@ -213,19 +227,19 @@ def _timestamp(raw: list[bytes]) -> int | None:
 
 
 @observed("admin_conversations")
-async def list_agent_conversations(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def list_agent_conversations(ctx: ProxyContext, p: AdminListParams, _: BaseModel | None) -> Reply:
     """One page of an agent's conversations (its users' buckets included, unless one user is named), each
     with its size, version, remaining TTL and last write."""
-    cursor = int(p["cursor"])
+    cursor = int(p.cursor)
     if cursor >= 2**64:
         raise InvalidRequest("cursor is not one this server returned")
     owner, prefix, _admin = await _authorized_space(ctx, p, LIST)
-    with ctx.tracer.span("admin_list", "", p["traceparent"]) as span:
+    with ctx.tracer.span("admin_list", "", p.traceparent) as span:
         found: list[str] = []
         for _page in range(_MAX_SCANS_PER_PAGE):
-            cursor, keys = await ctx.store.scan(keys_under(prefix), cursor, max(1, p["limit"] - len(found)))
+            cursor, keys = await ctx.store.scan(keys_under(prefix), cursor, max(1, p.limit - len(found)))
             found += keys
-            if cursor == 0 or len(found) >= p["limit"]:
+            if cursor == 0 or len(found) >= p.limit:
                 break
         conversations: list[wire.AdminConversation] = []
         for key in sorted(set(found)):
@@ -251,7 +265,7 @@ async def list_agent_conversations(ctx: ProxyContext, p: dict[str, Any], _: Base
         wire.AdminConversationList(
             namespace=owner.namespace,
             agent=owner.agent,
-            user=p.get("user"),
+            user=p.user,
             conversations=conversations,
             nextCursor=str(cursor) if cursor else None,
         )
@@ -259,22 +273,22 @@ async def list_agent_conversations(ctx: ProxyContext, p: dict[str, Any], _: Base
 
 
 @observed("admin_show")
-async def show_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def show_conversation(ctx: ProxyContext, p: AdminShowParams, _: BaseModel | None) -> Reply:
     """The newest ``last`` entries of one conversation, oldest first, with their authors and times."""
     owner, prefix, _admin = await _authorized_space(ctx, p, READ)
-    key = conversation_key(prefix, parse_conversation_id(p["conversation_id"]))
-    with ctx.tracer.span("admin_show", p["conversation_id"], p["traceparent"]) as span:
+    key = conversation_key(prefix, parse_conversation_id(p.conversation_id))
+    with ctx.tracer.span("admin_show", p.conversation_id, p.traceparent) as span:
         length, version, ttl = await ctx.store.info(key)
         if not length:
-            raise NotFound(f"{owner.author} has no conversation {p['conversation_id']!r} there")
-        result = await ctx.store.read(key, p["last"])
+            raise NotFound(f"{owner.author} has no conversation {p.conversation_id!r} there")
+        result = await ctx.store.read(key, p.last)
         span.entries, span.version = len(result.raw_entries), version
     parsed = bucket_and_conversation(owner, key)
     return model_reply(
         wire.Transcript(
             namespace=owner.namespace,
             agent=owner.agent,
-            conversationId=p["conversation_id"],
+            conversationId=p.conversation_id,
             bucket=parsed[0] if parsed else None,
             version=version,
             total=length,
@@ -285,19 +299,19 @@ async def show_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel |
 
 
 @observed("admin_export")
-async def export_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def export_conversation(ctx: ProxyContext, p: AdminExportParams, _: BaseModel | None) -> Reply:
     """One page of one conversation as JSON lines, one per entry (``conversationId`` and ``bucket`` added
     to the stored entry), oldest first; the ``x-sessionmem-next-offset`` header says where the next page
     starts, absent on the last. An agent's or a user's whole memory is the pages of each conversation its
     listing shows (``kubectl sessionmem export`` does that)."""
     owner, prefix, _admin = await _authorized_space(ctx, p, READ)
-    conversation_id = p["conversation"]
+    conversation_id = p.conversation
     key = conversation_key(prefix, parse_conversation_id(conversation_id))
-    with ctx.tracer.span("admin_export", conversation_id, p["traceparent"]) as span:
+    with ctx.tracer.span("admin_export", conversation_id, p.traceparent) as span:
         length = (await ctx.store.info(key))[0]
         if not length:
             raise NotFound(f"there is no conversation {conversation_id!r} there")
-        page, next_offset = await export_page(ctx.store, key, p["offset"], length)
+        page, next_offset = await export_page(ctx.store, key, p.offset, length)
         span.entries = len(page)
     bucket = bucket_and_conversation(owner, key)
     head = (
@@ -316,11 +330,11 @@ async def export_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel
 
 
 @observed("admin_stats")
-async def agent_memory_stats(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def agent_memory_stats(ctx: ProxyContext, p: AdminParams, _: BaseModel | None) -> Reply:
     """Conversations and bytes against the agent's quotas (the storage accounting's figures), and the oldest
     and newest writes among at most STATS_EXAMINED_CONVERSATIONS of its conversations."""
     owner, prefix, _admin = await _authorized_space(ctx, p, READ)  # no user named: the agent's whole space
-    with ctx.tracer.span("admin_stats", "", p["traceparent"]) as span:
+    with ctx.tracer.span("admin_stats", "", p.traceparent) as span:
         oldest: int | None = None
         newest: int | None = None
         examined, counted, cursor = 0, 0, 0
@@ -364,21 +378,21 @@ async def agent_memory_stats(ctx: ProxyContext, p: dict[str, Any], _: BaseModel 
 
 
 @observed("admin_erase_conversation")
-async def erase_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def erase_conversation(ctx: ProxyContext, p: AdminConversationParams, _: BaseModel | None) -> Reply:
     """One conversation of an agent (in a user's bucket, when one is named): delete on the memory."""
     owner, prefix, admin = await _authorized_space(ctx, p, ERASE)
-    key = conversation_key(prefix, parse_conversation_id(p["conversation_id"]))
-    with ctx.tracer.span("admin_erase", p["conversation_id"], p["traceparent"]) as span:
+    key = conversation_key(prefix, parse_conversation_id(p.conversation_id))
+    with ctx.tracer.span("admin_erase", p.conversation_id, p.traceparent) as span:
         entries = await ctx.store.delete(key)
         span.entries = entries
     _AUDIT.warning(
-        "conversation %r of %s erased by %s: %d entries", p["conversation_id"], owner.author, admin.username, entries
+        "conversation %r of %s erased by %s: %d entries", p.conversation_id, owner.author, admin.username, entries
     )
     return model_reply(
         wire.ErasureReceipt(
             namespace=owner.namespace,
             agent=owner.agent,
-            user=p.get("user"),
+            user=p.user,
             keys=[key] if entries else [],
             entries=entries,
             erasedBy=admin.username,

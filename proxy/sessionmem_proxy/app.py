@@ -27,7 +27,7 @@ from sessionmem_core.errors import InvalidRequest, Overloaded, SessionMemError
 from sessionmem_infra.heap import settle_heap
 from sessionmem_infra.serving import CONNECTION_CLOSE, BodyMeter, RequestLimits, closes_connection
 from sessionmem_infra.telemetry import MemoryTracer, tracer_provider_from_env
-from sessionmem_proxy.context import VERIFIED_IDENTITY, ProxyContext, identify
+from sessionmem_proxy.context import ProxyContext, identify
 from sessionmem_proxy.identity import AgentIdentity, Authenticator, DevAuthenticator
 from sessionmem_proxy.keying import KeyResolver
 from sessionmem_proxy.kubeapi import KubeAPI
@@ -99,7 +99,7 @@ class ProxyApp:
 
     async def _serve(
         self,
-        route: Route,
+        route: Route[Any],
         path_values: Mapping[str, str],
         query: str,
         headers: dict[str, str],
@@ -112,7 +112,7 @@ class ProxyApp:
                 return await route.handler(self.ctx, values, None)
             uploader = await self._admit_upload(headers)
             if uploader is not None:
-                values[VERIFIED_IDENTITY] = uploader
+                values.verified = uploader  # a route with a body acts on one conversation
             meter = BodyMeter()
             try:
                 raw = await self.limits.read_body(

@@ -11,21 +11,30 @@ from sessionmem_core.errors import Forbidden, InvalidRequest
 from sessionmem_core.keys import Scope
 from sessionmem_proxy.bulk import conversations_under, delete_all, export_page
 from sessionmem_proxy.context import ProxyContext, identify
-from sessionmem_proxy.hot import Params, new_entries, operation
+from sessionmem_proxy.hot import new_entries, operation
 from sessionmem_proxy.keying import conversation_in
+from sessionmem_proxy.params import (
+    ClearParams,
+    ConversationParams,
+    EraseUserParams,
+    ExportParams,
+    ListParams,
+    ReplaceParams,
+    SearchParams,
+)
 from sessionmem_proxy.replies import Reply, memory_reply, model_reply
 from sessionmem_proxy.store import search_entries
 
 
-async def search(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
+async def search(ctx: ProxyContext, p: SearchParams, _: BaseModel | None) -> Reply:
     async with operation(ctx, "search", p) as op:
         result = await ctx.store.read_all(op.key)
-        matches = search_entries(result.raw_entries, p["q"], p["limit"])
+        matches = search_entries(result.raw_entries, p.q, p.limit)
         op.span.entries, op.span.version = len(matches), result.version
         response = wire.SearchResponse(
             conversationId=op.conversation,
             scope=op.scope,
-            query=p["q"],
+            query=p.q,
             matches=[wire.Entry.model_validate(m) for m in matches],
         )
         return memory_reply(response, op.scope, len(matches), result.version)
@@ -40,18 +49,18 @@ def _parse_if_match(if_match: str | None) -> int | None:
     return int(value)
 
 
-async def replace(ctx: ProxyContext, p: Params, body: BaseModel | None) -> Reply:
+async def replace(ctx: ProxyContext, p: ReplaceParams, body: BaseModel | None) -> Reply:
     assert isinstance(body, wire.ReplaceRequest)  # the route table validated it
-    expected = _parse_if_match(p["if_match"])
+    expected = _parse_if_match(p.if_match)
     async with operation(ctx, "replace", p) as op:
         _refuse_on_shared(op.scope)
         result = await ctx.store.replace(
             op.key,
-            await new_entries(ctx, body.entries, p["redact"]),
+            await new_entries(ctx, body.entries, p.redact),
             author=op.identity.owner.author,
             expected_version=expected,
-            cap=p["cap"],
-            ttl_seconds=p["ttl_seconds"],
+            cap=p.cap,
+            ttl_seconds=p.ttl_seconds,
             quota=op.limits,
         )
         op.span.entries, op.span.version = result.stored, result.version
@@ -69,7 +78,7 @@ def _refuse_on_shared(scope: str) -> None:
         )
 
 
-async def delete(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
+async def delete(ctx: ProxyContext, p: ConversationParams, _: BaseModel | None) -> Reply:
     async with operation(ctx, "delete", p) as op:
         _refuse_on_shared(op.scope)
         removed = await ctx.store.delete(op.key)
@@ -78,7 +87,7 @@ async def delete(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
         return memory_reply(response, op.scope, removed, None)
 
 
-async def info(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
+async def info(ctx: ProxyContext, p: ConversationParams, _: BaseModel | None) -> Reply:
     async with operation(ctx, "info", p) as op:
         length, version, ttl = await ctx.store.info(op.key)
         op.span.entries, op.span.version = length, version
@@ -94,7 +103,7 @@ async def info(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
         )
 
 
-async def export(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
+async def export(ctx: ProxyContext, p: ExportParams, _: BaseModel | None) -> Reply:
     """One page of the conversation as a ``History`` document, with ``nextOffset`` to ask for the next.
 
     Each page is charged to the agent's transfer rate once read, and answered only once the agent's
@@ -107,7 +116,7 @@ async def export(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
         end = quotas.open_stream(owner)
         try:
             length, version, _ttl = await ctx.store.info(op.key)
-            page, next_offset = await export_page(ctx.store, op.key, p["offset"], length)
+            page, next_offset = await export_page(ctx.store, op.key, p.offset, length)
             op.span.entries, op.span.version = len(page), version
             body = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[%s],"nextOffset":%s}' % (
                 orjson.dumps(op.conversation),
@@ -122,15 +131,15 @@ async def export(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
     return memory_reply(body, op.scope, length, version)
 
 
-async def list_conversations(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
-    cursor = int(p["cursor"])
+async def list_conversations(ctx: ProxyContext, p: ListParams, _: BaseModel | None) -> Reply:
+    cursor = int(p.cursor)
     if cursor >= 2**64:
         raise InvalidRequest("cursor is not one this server returned")
-    with ctx.tracer.span("list", "", p["traceparent"]) as span:
-        identity = await identify(ctx, p["authorization"])
+    with ctx.tracer.span("list", "", p.traceparent) as span:
+        identity = await identify(ctx, p.authorization)
         per_user = (await ctx.quotas.policy_of(identity.owner)).per_user
-        key_prefix, scope_used = await ctx.keys.resolve_prefix(identity, p["scope"], p["capability"], per_user)
-        keys, next_cursor = await conversations_under(ctx.store, key_prefix, cursor, p["limit"], direct_only=True)
+        key_prefix, scope_used = await ctx.keys.resolve_prefix(identity, p.scope, p.capability, per_user)
+        keys, next_cursor = await conversations_under(ctx.store, key_prefix, cursor, p.limit, direct_only=True)
         span.scope, span.entries = scope_used, len(keys)
         return model_reply(
             wire.ConversationList(
@@ -142,21 +151,21 @@ async def list_conversations(ctx: ProxyContext, p: Params, _: BaseModel | None) 
         )
 
 
-async def clear_all(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
+async def clear_all(ctx: ProxyContext, p: ClearParams, _: BaseModel | None) -> Reply:
     """Refused to every agent: erasing all of an agent's memory is an administrator's act (admin.py)."""
-    if not p["confirm"]:
+    if not p.confirm:
         raise InvalidRequest("clearing every conversation needs confirm=true")
-    identity = await identify(ctx, p["authorization"])
+    identity = await identify(ctx, p.authorization)
     raise Forbidden(
         f"erasing all of {identity.owner.author}'s memory is an administrator's operation: "
         f"DELETE {api.ADMIN_AGENT_MEMORY_PATH} with a person's own Kubernetes credential"
     )
 
 
-async def erase_user(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
-    with ctx.tracer.span("erase_user", "", p["traceparent"]) as span:
-        identity = await identify(ctx, p["authorization"])
-        user_prefix = ctx.keys.user_prefix(identity, p["capability"])
+async def erase_user(ctx: ProxyContext, p: EraseUserParams, _: BaseModel | None) -> Reply:
+    with ctx.tracer.span("erase_user", "", p.traceparent) as span:
+        identity = await identify(ctx, p.authorization)
+        user_prefix = ctx.keys.user_prefix(identity, p.capability)
         removed, entries = await delete_all(ctx.store, user_prefix)
         span.scope, span.entries = Scope.SESSION.value, entries
         ids = sorted(conversation_in(user_prefix, k) for k in removed)

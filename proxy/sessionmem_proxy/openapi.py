@@ -47,9 +47,9 @@ def _models(table: RouteTable) -> list[tuple[type[BaseModel], JsonSchemaMode]]:
     return [found[name] for name in sorted(found)]
 
 
-def _operation(route: Route) -> dict[str, Any]:
+def _operation(route: Route[Any]) -> dict[str, Any]:
     parameters = []
-    for param in route.params:
+    for param in route.declared_params:
         if not param.documented:
             continue
         entry: dict[str, Any] = {

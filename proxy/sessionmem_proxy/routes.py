@@ -10,20 +10,20 @@ of a ``%2F`` and the U+FFFD granian puts where escapes were not UTF-8.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic
 
 from pydantic import BaseModel
 
-from sessionmem_core import api, env, wire
+from sessionmem_core import api, wire
 from sessionmem_core.errors import MethodNotAllowed, NotFound
 from sessionmem_proxy import admin, hot, lifecycle, params, rbac
 from sessionmem_proxy.context import ProxyContext
-from sessionmem_proxy.params import Param
+from sessionmem_proxy.params import P, Param
 from sessionmem_proxy.replies import Reply, json_reply, text_reply
 from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
 
-Handler = Callable[[ProxyContext, dict[str, Any], BaseModel | None], Awaitable[Reply]]
+Handler = Callable[[ProxyContext, P, BaseModel | None], Awaitable[Reply]]
 
 # Statuses any request may get from the serving limits (sessionmem_infra.serving, docs/limits.md): a header
 # value that is not visible ASCII, a URL or a head over its limit; and a counted route, from a worker
@@ -40,12 +40,14 @@ BODY_STATUSES = frozenset({400, 408, 413})
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
+class Route(Generic[P]):
+    """``params``: the typed parameter set the app parses the request into and hands ``handler``."""
+
     op: str
     method: str
     path: str
-    params: tuple[Param, ...]
-    handler: Handler
+    params: type[P]
+    handler: Handler[P]
     response: type[BaseModel] | None
     statuses: frozenset[int]
     summary: str
@@ -57,21 +59,25 @@ class Route:
     counted: bool = True
 
     @property
+    def declared_params(self) -> tuple[Param, ...]:
+        return self.params.PARAMS
+
+    @property
     def all_statuses(self) -> frozenset[int]:
         overload = {OVERLOADED_STATUS} if self.counted else set()
         return self.statuses | SERVING_STATUSES | overload | {200}
 
 
-async def _healthz(_ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
+async def _healthz(_ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None) -> Reply:
     return json_reply(b'{"status":"ok"}')
 
 
-async def _readyz(ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
+async def _readyz(ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None) -> Reply:
     await ctx.store.ping()
     return json_reply(b'{"status":"ready"}')
 
 
-async def _metrics(ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
+async def _metrics(ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None) -> Reply:
     reviews: dict[str, Mapping[str, int]] = {}
     if isinstance(ctx.authenticator, TokenReviewAuthenticator):
         reviews["agent"] = ctx.authenticator.reviews
@@ -80,52 +86,41 @@ async def _metrics(ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) 
     return text_reply(ctx.metrics.render(reviews).encode(), "text/plain; version=0.0.4")
 
 
-async def _openapi(ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
+async def _openapi(ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None) -> Reply:
     return json_reply(ctx.openapi())
 
 
 _ID = "{conversationId}"
 _ONE = f"{api.API_PREFIX}/conversations/{_ID}"
-_LIST_LIMIT = params.integer(
-    "limit", "limit", 50, 1, 500, "Page size hint (Valkey SCAN): a page may hold more or fewer"
-)
-_CURSOR = params.text("cursor", "cursor", default="0", min_length=1, max_length=20, pattern="[0-9]{1,20}")
-_SEARCH_Q = params.text("q", "q", min_length=1, max_length=1024, description="Words to look for")
-_SEARCH_LIMIT = params.integer("limit", "limit", 10, 1, 100, "At most this many matches")
-_CONFIRM = params.boolean("confirm", False, "Must be true: this erases every private conversation")
-# An administrator's reads: an end user's bucket named by the user (or by the bucket a listing showed).
-_ADMIN_USER = replace(
-    params.text("user", api.ADMIN_USER_QUERY, max_length=256, description="Only this end user's bucket"),
-    required=False,
-)
-_ADMIN_BUCKET = replace(
-    params.text(
-        "bucket", api.ADMIN_BUCKET_QUERY, min_length=32, max_length=32, pattern="[0-9a-f]{32}",
-        description="Only this user bucket (as a listing shows it)",
+ROUTES = (  # no annotation: each route is checked against its own handler
+    Route(
+        "healthz",
+        "GET",
+        "/healthz",
+        params.NoParams,
+        _healthz,
+        wire.Health,
+        frozenset(),
+        "Liveness",
+        "health",
+        counted=False,
     ),
-    required=False,
-)  # fmt: skip
-_ADMIN_CONVERSATION = replace(
-    params.text("conversation", api.ADMIN_CONVERSATION_QUERY, max_length=128, description="Only this conversation"),
-    required=False,
-)
-_ADMIN_EXPORTED = params.text(
-    "conversation", api.ADMIN_CONVERSATION_QUERY, max_length=128, description="The conversation to export"
-)
-_ADMIN_LIST_LIMIT = params.integer("limit", "limit", 50, 1, 200, "Page size hint (Valkey SCAN)")
-_ADMIN_LAST = params.integer(
-    "last", api.ADMIN_LAST_QUERY, env.DEFAULT_CAP, 1, env.MAX_CAP, "How many of the newest entries"
-)
-_ADMIN_SPACE = (*params.ADMIN, _ADMIN_USER, _ADMIN_BUCKET)
-
-ROUTES: tuple[Route, ...] = (
-    Route("healthz", "GET", "/healthz", (), _healthz, wire.Health, frozenset(), "Liveness", "health", counted=False),
-    Route("readyz", "GET", "/readyz", (), _readyz, wire.Health, frozenset({503}), "Readiness (Valkey)", "health"),
+    Route(
+        "readyz",
+        "GET",
+        "/readyz",
+        params.NoParams,
+        _readyz,
+        wire.Health,
+        frozenset({503}),
+        "Readiness (Valkey)",
+        "health",
+    ),
     Route(
         "metrics",
         "GET",
         "/metrics",
-        (),
+        params.NoParams,
         _metrics,
         None,
         frozenset(),
@@ -133,12 +128,12 @@ ROUTES: tuple[Route, ...] = (
         "health",
         content_type="text/plain",
     ),
-    Route("openapi", "GET", "/openapi.json", (), _openapi, None, frozenset(), "This document", "health"),
+    Route("openapi", "GET", "/openapi.json", params.NoParams, _openapi, None, frozenset(), "This document", "health"),
     Route(
         "get",
         "GET",
         f"{_ONE}/entries",
-        (*params.CONVERSATION, params.READ_LIMIT, params.SUMMARY),
+        params.ReadParams,
         hot.read_entries,
         wire.History,
         CALLER_STATUSES,
@@ -149,7 +144,7 @@ ROUTES: tuple[Route, ...] = (
         "append",
         "POST",
         f"{_ONE}/entries",
-        (*params.CONVERSATION, *params.WRITE),
+        params.AppendParams,
         hot.append_entries,
         wire.AppendResponse,
         CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES,
@@ -161,7 +156,7 @@ ROUTES: tuple[Route, ...] = (
         "search",
         "GET",
         f"{_ONE}/search",
-        (*params.CONVERSATION, _SEARCH_Q, _SEARCH_LIMIT),
+        params.SearchParams,
         lifecycle.search,
         wire.SearchResponse,
         CALLER_STATUSES,
@@ -172,7 +167,7 @@ ROUTES: tuple[Route, ...] = (
         "export",
         "GET",
         f"{_ONE}/export",
-        (*params.CONVERSATION, params.EXPORT_OFFSET),
+        params.ExportParams,
         lifecycle.export,
         wire.History,
         CALLER_STATUSES,
@@ -183,7 +178,7 @@ ROUTES: tuple[Route, ...] = (
         "info",
         "GET",
         _ONE,
-        params.CONVERSATION,
+        params.ConversationParams,
         lifecycle.info,
         wire.ConversationInfo,
         CALLER_STATUSES,
@@ -194,7 +189,7 @@ ROUTES: tuple[Route, ...] = (
         "replace",
         "PUT",
         _ONE,
-        (*params.CONVERSATION, *params.WRITE, params.IF_MATCH),
+        params.ReplaceParams,
         lifecycle.replace,
         wire.ReplaceResponse,
         CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {412},
@@ -206,7 +201,7 @@ ROUTES: tuple[Route, ...] = (
         "delete",
         "DELETE",
         _ONE,
-        params.CONVERSATION,
+        params.ConversationParams,
         lifecycle.delete,
         wire.DeleteResponse,
         CALLER_STATUSES,
@@ -217,7 +212,7 @@ ROUTES: tuple[Route, ...] = (
         "list",
         "GET",
         api.CONVERSATIONS_PATH,
-        (_LIST_LIMIT, _CURSOR, params.SCOPE, *params.CALLER, params.CAPABILITY),
+        params.ListParams,
         lifecycle.list_conversations,
         wire.ConversationList,
         CALLER_STATUSES,
@@ -228,7 +223,7 @@ ROUTES: tuple[Route, ...] = (
         "clear",
         "DELETE",
         api.CONVERSATIONS_PATH,
-        (_CONFIRM, *params.CALLER),
+        params.ClearParams,
         lifecycle.clear_all,
         None,
         CALLER_STATUSES,
@@ -239,7 +234,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_erase_agent",
         "DELETE",
         api.ADMIN_AGENT_MEMORY_PATH,
-        params.ADMIN,
+        params.AdminParams,
         admin.erase_agent_memory,
         wire.ErasureReceipt,
         CALLER_STATUSES,
@@ -250,7 +245,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_erase_user",
         "DELETE",
         api.ADMIN_USER_MEMORY_PATH,
-        (*params.ADMIN, params.USER),
+        params.AdminUserParams,
         admin.erase_user_memory,
         wire.ErasureReceipt,
         CALLER_STATUSES,
@@ -261,7 +256,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_erase_user_everywhere",
         "DELETE",
         api.ADMIN_NAMESPACE_USER_MEMORY_PATH,
-        (params.NAMESPACE, params.USER, params.ADMIN_AUTHORIZATION, params.TRACEPARENT),
+        params.AdminNamespaceUserParams,
         admin.erase_user_everywhere,
         wire.ErasureReceipt,
         CALLER_STATUSES,
@@ -272,7 +267,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_erase_registry",
         "DELETE",
         api.ADMIN_REGISTRY_MEMORY_PATH,
-        (params.REGISTRY, params.ADMIN_AUTHORIZATION, params.TRACEPARENT),
+        params.AdminRegistryParams,
         admin.erase_registry_memory,
         wire.ErasureReceipt,
         CALLER_STATUSES,
@@ -283,7 +278,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_conversations",
         "GET",
         api.ADMIN_CONVERSATIONS_PATH,
-        (*_ADMIN_SPACE, _ADMIN_LIST_LIMIT, _CURSOR),
+        params.AdminListParams,
         admin.list_agent_conversations,
         wire.AdminConversationList,
         CALLER_STATUSES,
@@ -294,7 +289,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_show",
         "GET",
         api.ADMIN_CONVERSATION_PATH,
-        (*_ADMIN_SPACE, params.CONVERSATION_ID, _ADMIN_LAST),
+        params.AdminShowParams,
         admin.show_conversation,
         wire.Transcript,
         CALLER_STATUSES | {404},
@@ -305,7 +300,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_erase_conversation",
         "DELETE",
         api.ADMIN_CONVERSATION_PATH,
-        (*_ADMIN_SPACE, params.CONVERSATION_ID),
+        params.AdminConversationParams,
         admin.erase_conversation,
         wire.ErasureReceipt,
         CALLER_STATUSES,
@@ -316,7 +311,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_export",
         "GET",
         api.ADMIN_EXPORT_PATH,
-        (*_ADMIN_SPACE, _ADMIN_EXPORTED, params.EXPORT_OFFSET),
+        params.AdminExportParams,
         admin.export_conversation,
         None,
         CALLER_STATUSES | {404},
@@ -329,7 +324,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_stats",
         "GET",
         api.ADMIN_STATS_PATH,
-        params.ADMIN,
+        params.AdminParams,
         admin.agent_memory_stats,
         wire.AgentMemoryStats,
         CALLER_STATUSES,
@@ -340,7 +335,7 @@ ROUTES: tuple[Route, ...] = (
         "erase_user",
         "DELETE",
         api.USER_CONVERSATIONS_PATH,
-        (*params.CALLER, params.CAPABILITY),
+        params.EraseUserParams,
         lifecycle.erase_user,
         wire.UserErasure,
         CALLER_STATUSES,
@@ -355,12 +350,12 @@ _CONVERSATIONS = f"{api.API_PREFIX}/conversations/"
 class RouteTable:
     """Finds the route of a (method, decoded path); raises a typed 404 or 405 (with the allowed methods)."""
 
-    def __init__(self, routes: tuple[Route, ...] = ROUTES) -> None:
+    def __init__(self, routes: tuple[Route[Any], ...] = ROUTES) -> None:
         self.routes = routes
-        self._fixed: dict[str, dict[str, Route]] = {}
-        self._conversation: dict[str, dict[str, Route]] = {}
+        self._fixed: dict[str, dict[str, Route[Any]]] = {}
+        self._conversation: dict[str, dict[str, Route[Any]]] = {}
         # Paths of named segments ({name}: one segment), matched segment by segment.
-        self._templates: dict[tuple[str, ...], dict[str, Route]] = {}
+        self._templates: dict[tuple[str, ...], dict[str, Route[Any]]] = {}
         for route in routes:
             if route.path.startswith(_ONE):
                 suffix = route.path[len(_ONE) :].lstrip("/")
@@ -371,7 +366,7 @@ class RouteTable:
                 self._fixed.setdefault(route.path, {})[route.method] = route
         self._suffixes = [suffix for suffix in self._conversation if suffix]
 
-    def match(self, method: str, path: str) -> tuple[Route, Mapping[str, str]]:
+    def match(self, method: str, path: str) -> tuple[Route[Any], Mapping[str, str]]:
         fixed = self._fixed.get(path)
         if fixed is not None:
             return _by_method(fixed, method), {}
@@ -386,7 +381,7 @@ class RouteTable:
         route = _by_method(self._conversation[suffix], method)
         return route, {params.CONVERSATION_ID.name: rest}
 
-    def _match_template(self, method: str, path: str) -> tuple[Route, Mapping[str, str]]:
+    def _match_template(self, method: str, path: str) -> tuple[Route[Any], Mapping[str, str]]:
         segments = path.split("/")
         for template, by_method in self._templates.items():
             if len(template) != len(segments):
@@ -412,7 +407,7 @@ class NotAllowedHere(MethodNotAllowed):
         super().__init__(f"{method} is not allowed here; allowed: {self.allow}")
 
 
-def _by_method(routes: dict[str, Route], method: str) -> Route:
+def _by_method(routes: dict[str, Route[Any]], method: str) -> Route[Any]:
     route = routes.get(method)
     if route is None:
         raise NotAllowedHere(method, sorted(routes))
