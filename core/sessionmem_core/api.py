@@ -156,24 +156,29 @@ _PATH_OF_OP = {
 }
 
 
-def memory_path(op: str, conversation_id: str | None, path: str) -> str:
-    """The (encoded) path to forward an operation to: rebuilt from the decoded id, so an id that needed
-    percent-encoding reaches the same key behind the launcher as in front of it."""
-    return path if conversation_id is None else _PATH_OF_OP[op](conversation_id)
-
-
 _AGENT_WIDE = {
     ("GET", CONVERSATIONS_PATH): "list",
     ("DELETE", CONVERSATIONS_PATH): "clear",
     ("DELETE", USER_CONVERSATIONS_PATH): "erase_user",
 }
+_METHOD_OF_OP = {op: method for (method, _), op in (*_OPS.items(), *_AGENT_WIDE.items())}
+_PATH_OF_AGENT_WIDE_OP = {op: path for (_, path), op in _AGENT_WIDE.items()}
+
+
+def memory_target(op: str, conversation_id: str | None) -> tuple[str, str]:
+    """(method, encoded path) of a memory operation (``conversation_id`` None for an agent-wide one): the
+    path is built from the decoded id, so an id that needed percent-encoding reaches the same key behind
+    the launcher as in front of it."""
+    if conversation_id is None:
+        return _METHOD_OF_OP[op], _PATH_OF_AGENT_WIDE_OP[op]
+    return _METHOD_OF_OP[op], _PATH_OF_OP[op](conversation_id)
 
 
 def memory_route(method: str, path: str) -> tuple[str, str | None]:
     """(operation, conversation id or None for agent-wide operations) for a memory path; raises NotFound
     for anything else. The id is whatever sits between the prefix and the suffix, so a '/' inside it is
     caught by the id rule (400)."""
-    agent_wide = _AGENT_WIDE.get((method, path.rstrip("/")))
+    agent_wide = _AGENT_WIDE.get((method, path))
     if agent_wide is not None:
         return agent_wide, None
     if not path.startswith(_CONVERSATIONS):
