@@ -1,6 +1,7 @@
 """The launcher's OpenAPI document, built from its route declarations (``ROUTES``) and the wire models of
-``sessionmem_core.wire``, and committed as ``openapi.json`` next to this module, which the memory endpoint
-serves as it is (building it needs pydantic, which the launcher does not load at run time).
+``sessionmem_core.wire`` by the one generator (``sessionmem_core.openapi``), and committed as
+``openapi.json`` next to this module, which the memory endpoint serves as it is (building it needs
+pydantic, which the launcher does not load at run time).
 
     python -m sessionmem_launcher.openapi           # rewrite the committed document
     python -m sessionmem_launcher.openapi --check   # exit 1 when it is not current
@@ -17,11 +18,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
 
-from sessionmem_core import api, env, wire
+from sessionmem_core import api, env, openapi, wire
 from sessionmem_launcher.memory_api import HEALTH_PATH, OPENAPI_FILE, OPENAPI_PATH
 
 _ID = "conversationId"
@@ -177,110 +176,44 @@ ROUTES: tuple[Route, ...] = (
 )
 
 
-def _error(description: str) -> dict[str, Any]:
-    return {
-        "description": description,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
-    }
+_CONVERSATION_ID = openapi.Parameter(
+    _ID,
+    "path",
+    {"type": "string", "minLength": 1, "maxLength": 128},
+    "Conversation id: see the id rule in sessionmem_core.ids",
+    required=True,
+)
 
 
-def _operation(route: Route) -> dict[str, Any]:
-    params: list[dict[str, Any]] = []
-    if _ID in route.path:
-        params.append(
-            {
-                "name": _ID,
-                "in": "path",
-                "required": True,
-                "description": "Conversation id: see the id rule in sessionmem_core.ids",
-                "schema": {"type": "string", "minLength": 1, "maxLength": 128},
-            }
-        )
-    params += [
-        {
-            "name": p.name,
-            "in": p.where,
-            "required": p.required,
-            "description": p.description,
-            "schema": p.schema,
-        }
-        for p in route.params
-    ]
-    responses: dict[str, Any] = {
-        "200": {
-            "description": "Success",
-            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{route.answer.__name__}"}}},
-        }
-    }
-    statuses = {**ANSWERED_BY_EVERY_OPERATION, **route.statuses}
-    responses |= {str(status): _error(statuses[status]) for status in sorted(statuses)}
-    operation: dict[str, Any] = {
-        "operationId": route.op,
-        "summary": route.summary,
-        "tags": ["memory"],
-        "parameters": params,
-        "responses": responses,
-    }
-    if route.body is not None:
-        operation["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{route.body.__name__}"}}},
-        }
-    return operation
+def _operation(route: Route) -> openapi.Operation:
+    params = [_CONVERSATION_ID] if _ID in route.path else []
+    params += [openapi.Parameter(p.name, p.where, p.schema, p.description, p.required) for p in route.params]
+    errors = {**ANSWERED_BY_EVERY_OPERATION, **route.statuses}
+    return openapi.Operation(
+        route.op, route.method, route.path, route.summary, "memory", params, route.answer, errors, route.body
+    )
+
+
+_HEALTH = (
+    openapi.Operation("healthz", "GET", HEALTH_PATH, "The launcher is up", "health", (), wire.Health),
+    openapi.Operation("openapi", "GET", OPENAPI_PATH, "This document", "health", (), None),
+)
 
 
 def build() -> dict[str, Any]:
-    models: list[type[BaseModel]] = [wire.Health, wire.ErrorResponse]
-    for route in ROUTES:
-        models += [route.answer] + ([route.body] if route.body is not None else [])
-    unique = list(dict.fromkeys(models))
-    _, schemas = models_json_schema(
-        [(m, "validation" if m in {r.body for r in ROUTES} else "serialization") for m in unique],
-        ref_template="#/components/schemas/{model}",
+    return openapi.document(
+        "sessionmem launcher memory endpoint",
+        (
+            "The agent's memory API on 127.0.0.1 inside its pod. The launcher forwards each call to the "
+            "state-layer proxy with the pod's identity; scope, cap, TTL and redactors are the pod's "
+            "configuration and not parameters of this API (values an agent sends for them are dropped)."
+        ),
+        [*_HEALTH, *(_operation(route) for route in ROUTES)],
     )
-    paths: dict[str, dict[str, Any]] = {
-        HEALTH_PATH: {
-            "get": {
-                "operationId": "healthz",
-                "summary": "The launcher is up",
-                "tags": ["health"],
-                "responses": {
-                    "200": {
-                        "description": "Up",
-                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Health"}}},
-                    }
-                },
-            }
-        },
-        OPENAPI_PATH: {
-            "get": {
-                "operationId": "openapi",
-                "summary": "This document",
-                "tags": ["health"],
-                "responses": {"200": {"description": "The OpenAPI document", "content": {"application/json": {}}}},
-            }
-        },
-    }
-    for route in ROUTES:
-        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "sessionmem launcher memory endpoint",
-            "version": "1",
-            "description": (
-                "The agent's memory API on 127.0.0.1 inside its pod. The launcher forwards each call to the "
-                "state-layer proxy with the pod's identity; scope, cap, TTL and redactors are the pod's "
-                "configuration and not parameters of this API (values an agent sends for them are dropped)."
-            ),
-        },
-        "paths": paths,
-        "components": {"schemas": schemas["$defs"]},
-    }
 
 
 def render() -> bytes:
-    return orjson.dumps(build(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+    return openapi.render(build())
 
 
 def main(argv: list[str] | None = None) -> int:
