@@ -1,6 +1,7 @@
 """The one OpenAPI generator: the proxy's document and the launcher's are both built here, from the
-operations each serves (``Operation``: what the route tables declare) and the wire models of
-``sessionmem_core.wire``. Pure: a document is a dict, rendered to the committed bytes by ``render``."""
+operations each serves (``Operation``: the memory operations of ``sessionmem_core.api`` with what each
+server adds) and the wire models of ``sessionmem_core.wire``. Pure: a document is a dict, rendered to
+the committed bytes by ``render``."""
 
 from __future__ import annotations
 
@@ -13,19 +14,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from sessionmem_core import wire
+from sessionmem_core.api import Parameter
 
 _REF = "#/components/schemas/{model}"
-
-
-@dataclass(frozen=True, slots=True)
-class Parameter:
-    """One documented parameter: its wire name, where it travels (path, query, header), its schema."""
-
-    name: str
-    location: str
-    schema: Mapping[str, Any]
-    description: str = ""
-    required: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from sessionmem_core import openapi
+from sessionmem_core import api, openapi
 from sessionmem_proxy.routes import Route, RouteTable
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "openapi" / "proxy.json"
@@ -34,7 +34,7 @@ _ERROR_TEXT = {
 
 def _operation(route: Route[Any]) -> openapi.Operation:
     parameters = [
-        openapi.Parameter(param.name, param.location, param.schema, param.description, param.required)
+        api.Parameter(param.name, param.location, param.schema, param.description, param.required)
         for param in route.declared_params
         if param.documented
     ]

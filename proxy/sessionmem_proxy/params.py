@@ -114,15 +114,39 @@ def _identity(raw: str) -> str:
     return raw  # validated by the operation itself (sessionmem_core.ids), inside its span
 
 
+def from_contract(op: str, name: str, key: str | None = None) -> Param:
+    """The parser of a parameter a memory operation declares in the contract (``api.MEMORY_OPERATIONS``),
+    with the bounds, default and description declared there; ``key``: the name a handler reads it under
+    (its wire name unless given)."""
+    (spec,) = [p for p in api.MEMORY_OPERATION[op].params if p.name == name]
+    key, schema = key or name, spec.schema
+    if spec.location == "header":
+        return header(key, spec.name, spec.description)
+    if schema["type"] == "integer":
+        return integer(key, spec.name, schema["default"], schema["minimum"], schema["maximum"], spec.description)
+    if schema["type"] == "boolean":
+        return boolean(key, schema["default"], spec.description)
+    pattern = schema.get("pattern")
+    return text(
+        key,
+        spec.name,
+        default=schema.get("default"),
+        min_length=schema.get("minLength", 0),
+        max_length=schema.get("maxLength", 1024),
+        pattern=pattern.removeprefix("^").removesuffix("$") if pattern else None,
+        description=spec.description,
+    )
+
+
 # --- the parameters the routes share ---
 CONVERSATION_ID = Param(
     "conversation_id",
-    "conversationId",
+    api.CONVERSATION_ID.name,
     "path",
-    {"type": "string", "minLength": 1, "maxLength": 128},
+    api.CONVERSATION_ID.schema,
     _identity,
     required=True,
-    description="Conversation id (sessionmem_core.ids): percent-encoded UTF-8; NFC and NFD forms are two ids",
+    description=api.CONVERSATION_ID.description,
 )
 SCOPE = choice(
     "scope", api.SCOPE_PARAM, Scope, Scope.SESSION, "Requested scope; shared applies only to verified registry members"
@@ -138,17 +162,15 @@ REDACT = text(
     max_length=256,
     description="Comma-separated redactors applied before storing (email, phone, card, or configured)",
 )
-READ_LIMIT = integer(
-    "limit", api.LIMIT_PARAM, env.DEFAULT_REPLAY_MESSAGES, 0, env.MAX_READ_LIMIT, "How many of the newest entries"
-)
+READ_LIMIT = from_contract("get", api.LIMIT_PARAM)
 EXPORT_OFFSET = integer(
     "offset", api.OFFSET_PARAM, 0, 0, 1 << 31, "Where this export page starts (the nextOffset of the page before)"
 )
-SUMMARY = boolean("summary", False, "Also return the rolling summary of older turns")
+SUMMARY = from_contract("get", "summary")
 AUTHORIZATION = header("authorization", "authorization", "Bearer token of the calling agent")
 CAPABILITY = header("capability", api.USER_CAPABILITY_HEADER, "The end user's signed run capability (perUser)")
 TRACEPARENT = header("traceparent", api.TRACEPARENT_HEADER, documented=False)
-IF_MATCH = header("if_match", "if-match", "Expected version (as returned by a read); '*' or absent: any")
+IF_MATCH = from_contract("replace", "if-match", "if_match")
 
 CALLER = (AUTHORIZATION, TRACEPARENT)
 NAMESPACE = Param(
@@ -228,11 +250,11 @@ def declared(cls: C) -> C:
 
 # --- the parameter sets of the routes ---
 
-LIST_LIMIT = integer("limit", "limit", 50, 1, 500, "Page size hint (Valkey SCAN): a page may hold more or fewer")
-CURSOR = text("cursor", "cursor", default="0", min_length=1, max_length=20, pattern="[0-9]{1,20}")
-SEARCH_Q = text("q", "q", min_length=1, max_length=1024, description="Words to look for")
-SEARCH_LIMIT = integer("limit", "limit", 10, 1, 100, "At most this many matches")
-CONFIRM = boolean("confirm", False, "Must be true: this erases every private conversation")
+LIST_LIMIT = from_contract("list", api.LIMIT_PARAM)
+CURSOR = from_contract("list", "cursor")
+SEARCH_Q = from_contract("search", "q")
+SEARCH_LIMIT = from_contract("search", api.LIMIT_PARAM)
+CONFIRM = from_contract("clear", "confirm")
 # An administrator's reads: an end user's bucket named by the user (or by the bucket a listing showed).
 ADMIN_USER = replace(
     text("user", api.ADMIN_USER_QUERY, max_length=256, description="Only this end user's bucket"),

@@ -90,8 +90,34 @@ async def _openapi(ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None)
     return json_reply(ctx.openapi())
 
 
-_ID = "{conversationId}"
-_ONE = f"{api.API_PREFIX}/conversations/{_ID}"
+def _model(name: str | None) -> type[BaseModel] | None:
+    model = None if name is None else getattr(wire, name)
+    assert model is None or issubclass(model, BaseModel), name
+    return model
+
+
+def _memory(
+    op: str, kind: type[P], handler: Handler[P], statuses: frozenset[int], tag: str = "memory", detail: str = ""
+) -> Route[P]:
+    """The route of a memory operation as the contract declares it (``api.MEMORY_OPERATIONS``), served by
+    ``handler`` with the parameter set ``kind``; ``detail`` adds to the declared summary what is the
+    proxy's own."""
+    declared = api.MEMORY_OPERATION[op]
+    return Route(
+        op,
+        declared.method,
+        declared.path,
+        kind,
+        handler,
+        _model(declared.response),
+        statuses,
+        declared.summary + detail,
+        tag,
+        request=_model(declared.request),
+    )
+
+
+_ONE = api.CONVERSATION_PATH_TEMPLATE
 ROUTES = (  # no annotation: each route is checked against its own handler
     Route(
         "healthz",
@@ -129,107 +155,25 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         content_type="text/plain",
     ),
     Route("openapi", "GET", "/openapi.json", params.NoParams, _openapi, None, frozenset(), "This document", "health"),
-    Route(
-        "get",
-        "GET",
-        f"{_ONE}/entries",
-        params.ReadParams,
-        hot.read_entries,
-        wire.History,
-        CALLER_STATUSES,
-        "Read the last entries of a conversation",
-        "memory",
-    ),
-    Route(
-        "append",
-        "POST",
-        f"{_ONE}/entries",
-        params.AppendParams,
-        hot.append_entries,
-        wire.AppendResponse,
-        CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES,
-        "Append a batch (normally one user/assistant exchange) atomically",
-        "memory",
-        request=wire.AppendRequest,
-    ),
-    Route(
-        "search",
-        "GET",
-        f"{_ONE}/search",
-        params.SearchParams,
-        lifecycle.search,
-        wire.SearchResponse,
-        CALLER_STATUSES,
-        "Keyword search within one conversation",
-        "memory",
-    ),
-    Route(
+    # The memory operations: method, path, summary and models as the contract declares them.
+    _memory("get", params.ReadParams, hot.read_entries, CALLER_STATUSES, "memory"),
+    _memory("append", params.AppendParams, hot.append_entries, CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES),
+    _memory("search", params.SearchParams, lifecycle.search, CALLER_STATUSES, "memory"),
+    _memory(
         "export",
-        "GET",
-        f"{_ONE}/export",
         params.ExportParams,
         lifecycle.export,
-        wire.History,
         CALLER_STATUSES,
-        "Export a conversation, one page of about 1 MiB at a time (nextOffset: where the next starts)",
         "lifecycle",
+        ", one page of about 1 MiB at a time (nextOffset: where the next starts)",
     ),
-    Route(
-        "info",
-        "GET",
-        _ONE,
-        params.ConversationParams,
-        lifecycle.info,
-        wire.ConversationInfo,
-        CALLER_STATUSES,
-        "Whether a conversation exists, its version, size and remaining TTL",
-        "lifecycle",
+    _memory("info", params.ConversationParams, lifecycle.info, CALLER_STATUSES, "lifecycle"),
+    _memory(
+        "replace", params.ReplaceParams, lifecycle.replace, CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {412}
     ),
-    Route(
-        "replace",
-        "PUT",
-        _ONE,
-        params.ReplaceParams,
-        lifecycle.replace,
-        wire.ReplaceResponse,
-        CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {412},
-        "Replace (seed) a conversation, conditional on its version",
-        "memory",
-        request=wire.ReplaceRequest,
-    ),
-    Route(
-        "delete",
-        "DELETE",
-        _ONE,
-        params.ConversationParams,
-        lifecycle.delete,
-        wire.DeleteResponse,
-        CALLER_STATUSES,
-        "Erase a conversation",
-        "memory",
-    ),
-    Route(
-        "list",
-        "GET",
-        api.CONVERSATIONS_PATH,
-        params.ListParams,
-        lifecycle.list_conversations,
-        wire.ConversationList,
-        CALLER_STATUSES,
-        "List the caller's conversations (paginated)",
-        "lifecycle",
-    ),
-    Route(
-        "clear",
-        "DELETE",
-        api.CONVERSATIONS_PATH,
-        params.ClearParams,
-        lifecycle.clear_all,
-        None,
-        CALLER_STATUSES,
-        "Refused to every agent (403): erasing all of an agent's memory is an administrator's operation",
-        "lifecycle",
-    ),
+    _memory("delete", params.ConversationParams, lifecycle.delete, CALLER_STATUSES, "memory"),
+    _memory("list", params.ListParams, lifecycle.list_conversations, CALLER_STATUSES, "lifecycle"),
+    _memory("clear", params.ClearParams, lifecycle.clear_all, CALLER_STATUSES, "lifecycle"),
     Route(
         "admin_erase_agent",
         "DELETE",
@@ -331,17 +275,7 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         "An agent's stored conversations and bytes against its quotas (RBAC: get agentdeployments/memory)",
         "administration",
     ),
-    Route(
-        "erase_user",
-        "DELETE",
-        api.USER_CONVERSATIONS_PATH,
-        params.EraseUserParams,
-        lifecycle.erase_user,
-        wire.UserErasure,
-        CALLER_STATUSES,
-        "Erase everything of the end user named by the capability, across the agent's conversations",
-        "lifecycle",
-    ),
+    _memory("erase_user", params.EraseUserParams, lifecycle.erase_user, CALLER_STATUSES, "lifecycle"),
 )
 
 _CONVERSATIONS = f"{api.API_PREFIX}/conversations/"
