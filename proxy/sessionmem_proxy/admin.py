@@ -353,11 +353,8 @@ async def agent_memory_stats(ctx: ProxyContext, p: AdminParams, _: BaseModel | N
             counted += len(keys)
             if cursor == 0:
                 break
-        usage = (
-            await ctx.store.ledger.peek(conversation_key(prefix, parse_conversation_id("stats")))
-            if ctx.store.ledger is not None
-            else None
-        )
+        ledger = ctx.store.ledger
+        usage = await ledger.peek(conversation_key(prefix, _ANY_CONVERSATION)) if ledger is not None else None
         limits = await ctx.quotas.policy_of(owner)
         span.entries = examined
     return model_reply(
