@@ -16,8 +16,9 @@ from sessionmem_core.capability import new_key
 from sessionmem_core.devauth import dev_token
 from sessionmem_core.env import LauncherSettings
 from sessionmem_demo.agent import app as agent_app
-from sessionmem_launcher.server import Launcher, serve_in_background
+from sessionmem_launcher.server import Launcher
 from tests.support.processes import ServiceProcess, dev_proxy
+from tests.support.serving import serve_in_background
 from tests.support.valkey import ValkeyProcess
 
 pytest_plugins = ["tests.harness.fixtures"]
@@ -91,7 +92,7 @@ async def launcher(
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(span_exporter))
     settings = launcher_settings(proxy_process.base_url, dev_token_file, **{env.AGENT_PORT: str(demo_agent)})
-    instance = Launcher(settings, tracer_provider=provider, serve_host="127.0.0.1")
+    instance = Launcher(settings, tracer_provider=provider, serve_host="127.0.0.1", serve=serve_in_background)
     await instance.start()
     yield instance
     await instance.stop()

@@ -122,6 +122,9 @@ class Request(Generic[M]):
     body: bytes | None = None
     if_match: str | None = None
     traceparent: str | None = None
+    # Whether it may be sent again when a pooled connection turns out closed (None: as the method says):
+    # an append is when every entry carries its id, which the store keeps once.
+    idempotent: bool | None = None
 
 
 class Requests:
@@ -147,7 +150,10 @@ class Requests:
             body = wire.AppendRequest(entries=to_entries(entries))
         except ValidationError as exc:
             raise InvalidRequest(f"invalid append: {_problems(exc)}") from exc
-        return Request("POST", path, wire.AppendResponse, body=_body(body), traceparent=traceparent)
+        identified = all(entry.id for entry in body.entries)
+        return Request(
+            "POST", path, wire.AppendResponse, body=_body(body), traceparent=traceparent, idempotent=identified
+        )
 
     @staticmethod
     def append_batch(conversation_id: str, entries: list[EntryFields]) -> Request[wire.AppendResponse]:
@@ -157,7 +163,10 @@ class Requests:
         batch is stored. Made in place, ``EntryIn`` models and the request model around them cost a share
         of a sequential agent's turn many times what they cost in a loop (docs/benchmarks.md)."""
         path = api.entries_path(_segment(conversation_id))
-        return Request("POST", path, wire.AppendResponse, body=orjson.dumps({"entries": entries}))
+        identified = all(entry.get("id") for entry in entries)
+        return Request(
+            "POST", path, wire.AppendResponse, body=orjson.dumps({"entries": entries}), idempotent=identified
+        )
 
     @staticmethod
     def replace(

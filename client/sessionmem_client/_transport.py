@@ -105,7 +105,7 @@ class LeanSync:
     def send(self, options: CallOptions, request: Request[Any]) -> Reply:
         headers = self._headers.of(options, request)
         with _LeanErrors(options, request):
-            response = self._http.request(request.method, _target(request), headers, request.body)
+            response = self._http.request(request.method, _target(request), headers, request.body, request.idempotent)
         return Reply(response.status, response.body)
 
     def close(self) -> None:
@@ -120,7 +120,9 @@ class LeanAsync:
     async def send(self, options: CallOptions, request: Request[Any]) -> Reply:
         headers = self._headers.of(options, request)
         with _LeanErrors(options, request):
-            response = await self._http.request(request.method, _target(request), headers, request.body)
+            response = await self._http.request(
+                request.method, _target(request), headers, request.body, request.idempotent
+            )
         return Reply(response.status, response.body)
 
     async def aclose(self) -> None:

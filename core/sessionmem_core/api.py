@@ -1,4 +1,6 @@
-"""The HTTP surface of the memory API: paths, headers, query parameters and the route table.
+"""The HTTP surface of the memory API: paths, headers, query parameters, and the memory operations
+(``MEMORY_OPERATIONS``), declared once: the proxy's route table, the launcher's router and forwarder and
+both OpenAPI documents are built from them.
 
 Pure constants and functions, no models: the launcher imports this module on every cold start, so it
 stays free of pydantic; the request/response models live in ``sessionmem_core.wire``.
@@ -6,9 +8,12 @@ stays free of pydantic; the request/response models live in ``sessionmem_core.wi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qsl, quote
 
+from sessionmem_core import env
 from sessionmem_core.errors import NotFound
 
 API_PREFIX = "/v1"
@@ -132,48 +137,196 @@ ADMIN_LAST_QUERY = "last"
 NDJSON = "application/x-ndjson"
 
 
+@dataclass(frozen=True, slots=True)
+class Parameter:
+    """One parameter of an operation: its wire name, where it travels (path, query, header) and its JSON
+    schema (bounds, default), which both the proxy's parser and the OpenAPI documents are made from."""
+
+    name: str
+    location: str
+    schema: Mapping[str, Any]
+    description: str = ""
+    required: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryOperation:
+    """One memory operation, declared once for every component that serves or documents it: the proxy's
+    route table, the launcher's router and forwarder, and both OpenAPI documents. ``response`` and
+    ``request`` name models of ``sessionmem_core.wire`` (named, so this module stays free of pydantic);
+    ``params``: what the operation itself takes (identity, scope and the pod's write parameters are each
+    server's own)."""
+
+    op: str
+    method: str
+    path: str  # an OpenAPI path template; {conversationId} is the conversation's id
+    summary: str
+    response: str | None
+    request: str | None = None
+    params: tuple[Parameter, ...] = ()
+
+    @property
+    def on_conversation(self) -> bool:
+        return CONVERSATION_ID_TEMPLATE in self.path
+
+
+CONVERSATION_ID_TEMPLATE = "{conversationId}"
+CONVERSATION_PATH_TEMPLATE = f"{API_PREFIX}/conversations/{CONVERSATION_ID_TEMPLATE}"
+CONVERSATION_ID = Parameter(
+    "conversationId",
+    "path",
+    {"type": "string", "minLength": 1, "maxLength": 128},
+    "Conversation id (sessionmem_core.ids): percent-encoded UTF-8; NFC and NFD forms are two ids",
+    required=True,
+)
+_PAGE_CURSOR = Parameter(
+    "cursor",
+    "query",
+    {"type": "string", "minLength": 1, "maxLength": 20, "pattern": "^[0-9]{1,20}$", "default": "0"},
+    "Where the page starts (the nextCursor of the page before)",
+)
+
+MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
+    MemoryOperation(
+        "get",
+        "GET",
+        f"{CONVERSATION_PATH_TEMPLATE}/entries",
+        "Read the last entries of a conversation",
+        "History",
+        params=(
+            Parameter(
+                LIMIT_PARAM,
+                "query",
+                {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": env.MAX_READ_LIMIT,
+                    "default": env.DEFAULT_REPLAY_MESSAGES,
+                },
+                "How many of the newest entries",
+            ),
+            Parameter(
+                "summary",
+                "query",
+                {"type": "boolean", "default": False},
+                "Also return the rolling summary of older turns",
+            ),
+        ),
+    ),
+    MemoryOperation(
+        "append",
+        "POST",
+        f"{CONVERSATION_PATH_TEMPLATE}/entries",
+        "Append a batch (normally one user/assistant exchange) atomically",
+        "AppendResponse",
+        "AppendRequest",
+    ),
+    MemoryOperation(
+        "search",
+        "GET",
+        f"{CONVERSATION_PATH_TEMPLATE}/search",
+        "Keyword search within one conversation",
+        "SearchResponse",
+        params=(
+            Parameter("q", "query", {"type": "string", "minLength": 1, "maxLength": 1024}, "Words to look for", True),
+            Parameter(
+                LIMIT_PARAM,
+                "query",
+                {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
+                "At most this many matches",
+            ),
+        ),
+    ),
+    MemoryOperation("export", "GET", f"{CONVERSATION_PATH_TEMPLATE}/export", "Export a conversation", "History"),
+    MemoryOperation(
+        "info",
+        "GET",
+        CONVERSATION_PATH_TEMPLATE,
+        "Whether a conversation exists, its version, size and remaining TTL",
+        "ConversationInfo",
+    ),
+    MemoryOperation(
+        "replace",
+        "PUT",
+        CONVERSATION_PATH_TEMPLATE,
+        "Replace (seed) a conversation, conditional on its version",
+        "ReplaceResponse",
+        "ReplaceRequest",
+        params=(
+            Parameter(
+                "if-match", "header", {"type": "string"}, "Expected version (as returned by a read); '*' or absent: any"
+            ),
+        ),
+    ),
+    MemoryOperation("delete", "DELETE", CONVERSATION_PATH_TEMPLATE, "Erase a conversation", "DeleteResponse"),
+    MemoryOperation(
+        "list",
+        "GET",
+        CONVERSATIONS_PATH,
+        "List the caller's conversations (paginated)",
+        "ConversationList",
+        params=(
+            Parameter(
+                LIMIT_PARAM,
+                "query",
+                {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+                "Page size hint (Valkey SCAN): a page may hold more or fewer",
+            ),
+            _PAGE_CURSOR,
+        ),
+    ),
+    MemoryOperation(
+        "clear",
+        "DELETE",
+        CONVERSATIONS_PATH,
+        "Refused to every agent (403): erasing all of an agent's memory is an administrator's operation",
+        None,
+        params=(
+            Parameter(
+                "confirm",
+                "query",
+                {"type": "boolean", "default": False},
+                "Must be true: this erases every private conversation",
+            ),
+        ),
+    ),
+    MemoryOperation(
+        "erase_user",
+        "DELETE",
+        USER_CONVERSATIONS_PATH,
+        "Erase everything of the end user the call acts for, across the agent's conversations",
+        "UserErasure",
+    ),
+)
+MEMORY_OPERATION = {operation.op: operation for operation in MEMORY_OPERATIONS}
+
 _CONVERSATIONS = f"{API_PREFIX}/conversations/"
+# The router's tables, from the declarations: (method, path suffix after the id) -> op for the operations
+# on one conversation, (method, path) -> op for the agent-wide ones.
 _OPS = {
-    ("GET", "entries"): "get",
-    ("POST", "entries"): "append",
-    ("GET", "search"): "search",
-    ("GET", "export"): "export",
-    ("GET", ""): "info",
-    ("PUT", ""): "replace",
-    ("DELETE", ""): "delete",
+    (o.method, o.path[len(CONVERSATION_PATH_TEMPLATE) :].lstrip("/")): o.op
+    for o in MEMORY_OPERATIONS
+    if o.on_conversation
 }
-_SUFFIXES = ("entries", "search", "export")
+_SUFFIXES = tuple(dict.fromkeys(suffix for _, suffix in _OPS if suffix))
+_AGENT_WIDE = {(o.method, o.path): o.op for o in MEMORY_OPERATIONS if not o.on_conversation}
 
 
-_PATH_OF_OP = {
-    "get": entries_path,
-    "append": entries_path,
-    "search": search_path,
-    "export": export_path,
-    "info": conversation_path,
-    "replace": conversation_path,
-    "delete": conversation_path,
-}
-
-
-def memory_path(op: str, conversation_id: str | None, path: str) -> str:
-    """The (encoded) path to forward an operation to: rebuilt from the decoded id, so an id that needed
-    percent-encoding reaches the same key behind the launcher as in front of it."""
-    return path if conversation_id is None else _PATH_OF_OP[op](conversation_id)
-
-
-_AGENT_WIDE = {
-    ("GET", CONVERSATIONS_PATH): "list",
-    ("DELETE", CONVERSATIONS_PATH): "clear",
-    ("DELETE", USER_CONVERSATIONS_PATH): "erase_user",
-}
+def memory_target(op: str, conversation_id: str | None) -> tuple[str, str]:
+    """(method, encoded path) of a memory operation (``conversation_id`` None for an agent-wide one): the
+    path is built from the decoded id, so an id that needed percent-encoding reaches the same key behind
+    the launcher as in front of it."""
+    operation = MEMORY_OPERATION[op]
+    if conversation_id is None:
+        return operation.method, operation.path
+    return operation.method, operation.path.replace(CONVERSATION_ID_TEMPLATE, _segment(conversation_id))
 
 
 def memory_route(method: str, path: str) -> tuple[str, str | None]:
     """(operation, conversation id or None for agent-wide operations) for a memory path; raises NotFound
     for anything else. The id is whatever sits between the prefix and the suffix, so a '/' inside it is
     caught by the id rule (400)."""
-    agent_wide = _AGENT_WIDE.get((method, path.rstrip("/")))
+    agent_wide = _AGENT_WIDE.get((method, path))
     if agent_wide is not None:
         return agent_wide, None
     if not path.startswith(_CONVERSATIONS):

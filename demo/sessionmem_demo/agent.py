@@ -4,10 +4,15 @@ and answers ``output``. It remembers nothing itself, so whatever it recalls came
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import orjson
-from starlette.types import Receive, Scope, Send
+
+# ASGI's own shapes (the demo needs no web framework: uvicorn serves the app as it is).
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 _NAME = re.compile(r"\bmy name is ([A-Za-z][\w-]*)", re.IGNORECASE)
 

@@ -4,13 +4,17 @@ HTTP (the launcher's proxy, agent and summariser; the memory client's launcher).
 Both ends of every agent turn's memory path run through here, where a general client library costs
 more time per call and memory per process than the rest of the path (docs/benchmarks.md). This one does
 only what those peers need:
-Content-Length bodies (chunked answers are read too), pooled connections, and one retry on a pooled
-connection the server had already closed (nothing was received, so nothing was processed).
+Content-Length bodies (chunked answers are read too), pooled connections, answers bounded in size
+(``max_answer_bytes``: a peer cannot make the caller hold more), and one retry of an idempotent request on
+a pooled connection the server had already closed (nothing was received). Only an idempotent request is
+retried: a POST is unless its caller says it is safe to repeat (an append whose message ids the store
+deduplicates). What it does besides answering (connecting, retrying, failing) it logs at debug level.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import ssl
 from collections import deque
@@ -23,6 +27,12 @@ import httptools
 
 Headers = list[tuple[bytes, bytes]]
 _READ_SIZE = 65536
+_LOG = logging.getLogger("sessionmem.http")
+# The largest answer (head and body) a client takes unless told otherwise: well above a whole exported
+# conversation (its cap of entries at their largest), far below what would strain a pod's memory.
+DEFAULT_MAX_ANSWER_BYTES = 64 * 1024 * 1024
+# Methods whose request may be sent twice with the effect of once (RFC 9110, 9.2.2).
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
 
 class HttpError(OSError):
@@ -31,6 +41,10 @@ class HttpError(OSError):
 
 class HttpTimeout(HttpError, TimeoutError):
     """The peer did not answer within the client's timeout."""
+
+
+class AnswerTooLarge(HttpError):
+    """The peer's answer exceeded the client's ``max_answer_bytes``; the connection was dropped."""
 
 
 @dataclass(slots=True)
@@ -55,6 +69,8 @@ class _ResponseReader:
     keep_alive: bool = False
     received: bool = False
     parser: Any = None
+    # Bytes the answer may still take (head and body); feeding more raises AnswerTooLarge.
+    allowance: int = DEFAULT_MAX_ANSWER_BYTES
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
@@ -77,6 +93,9 @@ class _ResponseReader:
                 raise asyncio.IncompleteReadError(b"", None)
             return
         self.received = True
+        self.allowance -= len(data)
+        if self.allowance < 0:
+            raise AnswerTooLarge("the answer exceeds the client's limit")
         self.parser.feed_data(data)
 
     def response(self) -> tuple[HttpResponse, bool]:
@@ -87,8 +106,8 @@ class _ResponseReader:
         return HttpResponse(status, self.headers, b"".join(self.chunks)), self.keep_alive
 
 
-def _new_reader() -> _ResponseReader:
-    state = _ResponseReader()
+def _new_reader(max_answer_bytes: int) -> _ResponseReader:
+    state = _ResponseReader(allowance=max_answer_bytes)
     state.parser = httptools.HttpResponseParser(state)
     return state
 
@@ -98,6 +117,12 @@ _PEER_ERRORS = (OSError, asyncio.IncompleteReadError, httptools.HttpParserError)
 
 class _NothingReceived(Exception):
     """The server closed the connection before answering (an idle keep-alive connection it dropped)."""
+
+
+def _typed(method: str, target: str, exc: BaseException) -> HttpError:
+    """The client's typed error for what broke an exchange."""
+    failure = HttpTimeout if isinstance(exc, TimeoutError) else HttpError
+    return failure(f"{method} {target}: {type(exc).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,10 +186,12 @@ class _Connection(asyncio.Protocol):
         # A stream transport (uvloop's are not asyncio.Transport subclasses, so no isinstance check).
         self.transport = cast(asyncio.Transport, transport)
 
-    def exchange(self, message: bytes, timeout: float | None) -> tuple[_ResponseReader, asyncio.Future[None]]:
+    def exchange(
+        self, message: bytes, timeout: float | None, max_answer_bytes: int
+    ) -> tuple[_ResponseReader, asyncio.Future[None]]:
         assert self.transport is not None
         loop = asyncio.get_running_loop()
-        self._reader = reader = _new_reader()
+        self._reader = reader = _new_reader(max_answer_bytes)
         self._answered = answered = loop.create_future()
         if timeout is not None:
             self._deadline = loop.time() + timeout
@@ -232,39 +259,57 @@ class HttpClient:
     ``timeout``: seconds from sending a request to its whole answer (:class:`HttpTimeout`); None leaves it
     to the caller. ``connect_timeout``: seconds to open a connection (:class:`HttpTimeout`); None: the
     ``timeout``. Without a bound, a peer whose address drops packets (a Service with no endpoint left)
-    holds the caller for the kernel's whole SYN retry schedule, minutes."""
+    holds the caller for the kernel's whole SYN retry schedule, minutes. ``max_answer_bytes``: the largest
+    answer taken (:class:`AnswerTooLarge` beyond it)."""
 
     def __init__(
-        self, base_url: str, max_idle: int = 64, timeout: float | None = None, connect_timeout: float | None = None
+        self,
+        base_url: str,
+        max_idle: int = 64,
+        timeout: float | None = None,
+        connect_timeout: float | None = None,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
         self._origin = _Origin.parse(base_url)
         self._idle: deque[_Connection] = deque()
         self._max_idle = max_idle
         self._timeout = timeout
         self._connect_timeout = timeout if connect_timeout is None else connect_timeout
+        self._max_answer_bytes = max_answer_bytes
 
     async def request(
-        self, method: str, target: str, headers: Iterable[tuple[bytes, bytes]] = (), body: bytes | None = None
+        self,
+        method: str,
+        target: str,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+        body: bytes | None = None,
+        idempotent: bool | None = None,
     ) -> HttpResponse:
+        """The peer's answer. ``idempotent``: whether the request may be sent again when a pooled connection
+        turns out closed; None: as its method says (``IDEMPOTENT_METHODS``)."""
         message = self._origin.message(method, target, headers, body)
+        retryable = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
         for attempt in (0, 1):
             connection = self._pooled()
             reused = connection is not None
             if connection is None:
                 connection = await self._connect()
             try:
-                reader, answered = connection.exchange(message, self._timeout)
+                reader, answered = connection.exchange(message, self._timeout, self._max_answer_bytes)
                 await answered
                 response, keep = reader.response()
             except (*_PEER_ERRORS, _NothingReceived) as exc:
                 connection.close()
-                if reused and attempt == 0 and isinstance(exc, _NothingReceived):
+                if reused and attempt == 0 and retryable and isinstance(exc, _NothingReceived):
                     # The peer dropped idle connections (its keep-alive timeout): the others in the pool
                     # are as old, so retry once on a fresh connection.
+                    _LOG.debug("%s %s: pooled connection closed by the peer, sending again", method, target)
                     self._drop_idle()
                     continue
-                failure = HttpTimeout if isinstance(exc, TimeoutError) else HttpError
-                raise failure(f"{method} {target}: {type(exc).__name__}") from exc
+                _LOG.debug("%s %s failed: %r", method, target, exc)
+                if isinstance(exc, AnswerTooLarge):
+                    raise
+                raise _typed(method, target, exc) from exc
             except BaseException:
                 connection.close()  # cancelled (a timeout): the connection is mid-exchange, drop it
                 raise
@@ -295,9 +340,12 @@ class HttpClient:
                     server_hostname=origin.host if origin.ssl else None,
                 )
         except TimeoutError as exc:
+            _LOG.debug("connecting to %s:%d timed out", origin.host, origin.port)
             raise HttpTimeout(f"cannot connect to {origin.host}:{origin.port} in time") from exc
         except OSError as exc:
+            _LOG.debug("connecting to %s:%d failed: %r", origin.host, origin.port, exc)
             raise HttpError(f"cannot connect to {origin.host}:{origin.port}: {exc.strerror or exc}") from exc
+        _LOG.debug("connected to %s:%d", origin.host, origin.port)
         return connection
 
     def _drop_idle(self) -> None:
@@ -313,21 +361,34 @@ class BlockingHttpClient:
     taken out of the pool for the whole exchange.
 
     ``timeout``: seconds for each send or receive (a socket timeout); ``connect_timeout``: seconds to
-    connect, None: the ``timeout``."""
+    connect, None: the ``timeout``; ``max_answer_bytes``: the largest answer taken."""
 
     def __init__(
-        self, base_url: str, max_idle: int = 16, timeout: float | None = None, connect_timeout: float | None = None
+        self,
+        base_url: str,
+        max_idle: int = 16,
+        timeout: float | None = None,
+        connect_timeout: float | None = None,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
         self._origin = _Origin.parse(base_url)
         self._idle: deque[socket.socket] = deque()
         self._max_idle = max_idle
         self._timeout = timeout
         self._connect_timeout = timeout if connect_timeout is None else connect_timeout
+        self._max_answer_bytes = max_answer_bytes
 
     def request(
-        self, method: str, target: str, headers: Iterable[tuple[bytes, bytes]] = (), body: bytes | None = None
+        self,
+        method: str,
+        target: str,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+        body: bytes | None = None,
+        idempotent: bool | None = None,
     ) -> HttpResponse:
+        """As :meth:`HttpClient.request`."""
         message = self._origin.message(method, target, headers, body)
+        retryable = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
         for attempt in (0, 1):
             try:
                 sock = self._idle.pop()
@@ -336,14 +397,17 @@ class BlockingHttpClient:
                 sock, reused = self._connect(), False
             try:
                 sock.sendall(message)
-                response, keep = self._read(sock)
+                response, keep = self._read(sock, self._max_answer_bytes)
             except (*_PEER_ERRORS, _NothingReceived) as exc:
                 sock.close()
-                if reused and attempt == 0 and isinstance(exc, _NothingReceived):
+                if reused and attempt == 0 and retryable and isinstance(exc, _NothingReceived):
+                    _LOG.debug("%s %s: pooled connection closed by the peer, sending again", method, target)
                     self._drop_idle()  # as the asyncio client: the peer dropped its idle connections
                     continue
-                failure = HttpTimeout if isinstance(exc, TimeoutError) else HttpError
-                raise failure(f"{method} {target}: {type(exc).__name__}") from exc
+                _LOG.debug("%s %s failed: %r", method, target, exc)
+                if isinstance(exc, AnswerTooLarge):
+                    raise
+                raise _typed(method, target, exc) from exc
             except BaseException:
                 sock.close()  # interrupted mid-exchange (KeyboardInterrupt): the connection is unusable
                 raise
@@ -369,8 +433,8 @@ class BlockingHttpClient:
         return sock
 
     @staticmethod
-    def _read(sock: socket.socket) -> tuple[HttpResponse, bool]:
-        state = _new_reader()
+    def _read(sock: socket.socket, max_answer_bytes: int) -> tuple[HttpResponse, bool]:
+        state = _new_reader(max_answer_bytes)
         while not state.complete:
             try:
                 data = sock.recv(_READ_SIZE)

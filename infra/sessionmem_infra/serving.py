@@ -10,11 +10,9 @@ URL length (414), body size (413) and body timeout (408); the app counts its req
 
 from __future__ import annotations
 
-from granian._granian import RSGIHeaders as HeaderFields
-from granian._granian import RSGIHTTPProtocol as HTTPProtocol
-from granian._granian import RSGIProtocolClosed as ProtocolClosed
-from granian._granian import RSGIProtocolError as ProtocolError
 from granian.http import HTTP1Settings
+from granian.rsgi import Headers as HeaderFields
+from granian.rsgi import HTTPProtocol, ProtocolClosed, ProtocolError
 
 from sessionmem_core.env import ServingLimits
 from sessionmem_core.errors import (

@@ -1,17 +1,21 @@
-"""The one way the launcher reaches memory: ``Forwarder.forward``.
+"""The one way the launcher reaches memory: the ``Forwarder``'s named operations (``read``, ``append``,
+``replace``, ``search``, ``info``, ``delete``, ``export``, and the agent-wide ``list``, ``clear`` and
+``erase_user``), or ``forward`` naming one of them.
 
 Every memory operation goes through it: the agent's own calls on the memory endpoint, the managed loop's
-replay and append, the compactor's export and replace. It checks the conversation id, sets the pod's
-identity (its projected ServiceAccount token) and the pod's parameters (scope, cap, TTL, redactors) whatever
-the caller sent, relays only the allow-listed caller headers, records one ``memory.<op>`` span, and has one
-error path: a typed error becomes its typed answer, and an error answer of the proxy passes through as it
-is and fails the span.
+replay and append, the compactor's export and replace. It takes the conversation as a parsed
+``ConversationId`` (each process parses the id it receives once), sets the pod's identity (its projected
+ServiceAccount token) and the pod's parameters (scope, cap, TTL, redactors) whatever the caller sent,
+relays only the allow-listed caller headers, records one ``memory.<op>`` span, and has one error path: a
+typed error becomes its typed answer, and an error answer of the proxy passes through as it is and fails
+the span. A call refused before it could be forwarded (its id, its body, its turn) is answered by
+``refused``, which records its failed span the same way.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -21,7 +25,7 @@ import orjson
 from sessionmem_core import api
 from sessionmem_core.env import PROXY_URL, ConfigError, LauncherSettings
 from sessionmem_core.errors import BackendUnavailable, InvalidRequest, SessionMemError, UserCapabilityRequired
-from sessionmem_core.ids import validate_conversation_id
+from sessionmem_core.ids import ConversationId
 from sessionmem_infra.http_client import HttpClient, HttpResponse
 from sessionmem_infra.telemetry import MemoryTracer, inject_traceparent
 
@@ -72,7 +76,12 @@ class Transport(Protocol):
     """Sends one request, bounded by the launcher's proxy timeout (an OSError when it runs out)."""
 
     async def request(
-        self, method: str, target: str, headers: Iterable[tuple[bytes, bytes]] = (), body: bytes | None = None
+        self,
+        method: str,
+        target: str,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+        body: bytes | None = None,
+        idempotent: bool | None = None,
     ) -> HttpResponse: ...
 
     async def aclose(self) -> None: ...
@@ -124,30 +133,80 @@ class Forwarder:
         self._write_query = api.query_string(write)
         self._read_query = api.query_string([(api.SCOPE_PARAM, settings.scope)])
 
+    # --- the named operations ---
+
+    async def read(
+        self, conversation: ConversationId, caller: CallerHeaders, query: Sequence[tuple[str, str]] = ()
+    ) -> MemoryReply:
+        """The newest entries (``limit``, ``summary`` in ``query``)."""
+        return await self.forward("get", conversation, caller, query)
+
+    async def append(
+        self,
+        conversation: ConversationId,
+        body: bytes,
+        caller: CallerHeaders,
+        query: Sequence[tuple[str, str]] = (),
+        *,
+        identified: bool = False,
+    ) -> MemoryReply:
+        """``identified``: every entry carries its message id, so the store keeps a repeated append once and
+        it may be sent again when a pooled connection turns out closed (otherwise a POST never is)."""
+        return await self.forward("append", conversation, caller, query, body, idempotent=identified or None)
+
+    async def replace(
+        self, conversation: ConversationId, body: bytes, caller: CallerHeaders, query: Sequence[tuple[str, str]] = ()
+    ) -> MemoryReply:
+        """Replace the history, conditional on ``caller.if_match``."""
+        return await self.forward("replace", conversation, caller, query, body)
+
+    async def export(
+        self, conversation: ConversationId, caller: CallerHeaders, query: Sequence[tuple[str, str]] = ()
+    ) -> MemoryReply:
+        """The whole conversation as one ``History``, read from the proxy a page at a time."""
+        return await self.forward("export", conversation, caller, query)
+
+    async def search(
+        self, conversation: ConversationId, caller: CallerHeaders, query: Sequence[tuple[str, str]] = ()
+    ) -> MemoryReply:
+        return await self.forward("search", conversation, caller, query)
+
+    async def info(
+        self, conversation: ConversationId, caller: CallerHeaders, query: Sequence[tuple[str, str]] = ()
+    ) -> MemoryReply:
+        return await self.forward("info", conversation, caller, query)
+
+    async def delete(
+        self, conversation: ConversationId, caller: CallerHeaders, query: Sequence[tuple[str, str]] = ()
+    ) -> MemoryReply:
+        return await self.forward("delete", conversation, caller, query)
+
+    async def list(self, caller: CallerHeaders, query: Sequence[tuple[str, str]] = ()) -> MemoryReply:
+        return await self.forward("list", None, caller, query)
+
+    async def clear(self, caller: CallerHeaders, query: Sequence[tuple[str, str]] = ()) -> MemoryReply:
+        return await self.forward("clear", None, caller, query)
+
+    async def erase_user(self, caller: CallerHeaders, query: Sequence[tuple[str, str]] = ()) -> MemoryReply:
+        return await self.forward("erase_user", None, caller, query)
+
+    # --- one operation, named ---
+
     async def forward(
         self,
-        method: str,
         op: str,
-        conversation_id: str | None,
-        path: str,
-        query: Sequence[tuple[str, str]],
-        body: bytes | Callable[[], Awaitable[bytes]] | None,
+        conversation: ConversationId | None,
         caller: CallerHeaders,
-        capability_of: Callable[[], str | None] | None = None,
+        query: Sequence[tuple[str, str]] = (),
+        body: bytes | None = None,
+        idempotent: bool | None = None,
     ) -> MemoryReply:
-        """Forward one memory operation (``op`` and ``conversation_id`` as ``api.memory_route`` gives them,
-        ``path`` the decoded path it came on) and answer with the proxy's status and body, or the typed
-        answer of what stopped it. ``body`` may be a reader of the request's body, so that a body over the
-        limit or too slow to arrive fails this operation's span like any other refusal; ``capability_of``,
-        when given, finds the caller's capability (the agent's turn) for the same reason."""
+        """Forward one memory operation (``op`` as ``api.memory_route`` names it; ``conversation`` None for
+        the agent-wide ones) and answer with the proxy's status and body, or the typed answer of what
+        stopped it. ``idempotent``: as ``HttpClient.request`` takes it (None: as the method says)."""
+        method, target = api.memory_target(op, conversation)
         try:
-            with self.tracer.span(op, conversation_id or "", caller.traceparent, caller.tracestate) as span:
-                if conversation_id is not None:
-                    validate_conversation_id(conversation_id)
-                if capability_of is not None:
-                    caller = CallerHeaders(capability_of(), caller.traceparent, caller.tracestate, caller.if_match)
-                if callable(body):
-                    body = await body()
+            with self.tracer.span(op, conversation or "", caller.traceparent, caller.tracestate) as span:
                 if op in _WRITES and not body:
                     raise InvalidRequest("request body is required")
                 if self._settings.per_user and caller.capability is None:
@@ -157,15 +216,23 @@ class Forwarder:
                         f"sent with the request ({api.TURN_HEADER}), and that request the caller's "
                         f"{api.USER_CAPABILITY_HEADER}"
                     )
-                target = api.memory_path(op, conversation_id, path)
                 if op == "export":
                     reply = await self._export(target, query, caller)
                 else:
-                    reply = await self._send(method, op, target, query, body or None, caller)
+                    reply = await self._send(method, op, target, query, body or None, caller, idempotent)
                 span.scope, span.entries, span.version = reply.scope, reply.entries, reply.version
                 if reply.status >= 400:
                     span.fail(_error_type(reply.body))
                 return reply
+        except SessionMemError as exc:
+            return MemoryReply(exc.status, exc.body())
+
+    def refused(self, op: str, conversation_id: str, caller: CallerHeaders, error: SessionMemError) -> MemoryReply:
+        """The typed answer of an operation refused before it could be forwarded (a bad id, a body over the
+        limit, a turn handle that is not live), recorded as its failed ``memory.<op>`` span."""
+        try:
+            with self.tracer.span(op, conversation_id, caller.traceparent, caller.tracestate):
+                raise error
         except SessionMemError as exc:
             return MemoryReply(exc.status, exc.body())
 
@@ -206,6 +273,7 @@ class Forwarder:
         query: Sequence[tuple[str, str]],
         body: bytes | None,
         caller: CallerHeaders,
+        idempotent: bool | None = None,
     ) -> MemoryReply:
         pod_query = self._write_query if op in _WRITES else self._read_query
         own = api.query_string([(k, v) for k, v in query if k not in POD_PARAMS])
@@ -227,7 +295,7 @@ class Forwarder:
             headers.append((b"if-match", caller.if_match.encode("latin-1")))
         try:
             # The transport bounds the call (SESSIONMEM_PROXY_CONNECT_TIMEOUT_SECONDS, ..._PROXY_TIMEOUT_SECONDS).
-            response = await self._http.request(method, target, headers, body)
+            response = await self._http.request(method, target, headers, body, idempotent)
         except (OSError, UnicodeError) as exc:  # HttpTimeout is an OSError too
             raise BackendUnavailable(f"memory proxy unreachable: {type(exc).__name__}") from exc
         return MemoryReply(

@@ -21,13 +21,12 @@ import asyncio
 from urllib.parse import quote
 
 import orjson
-from granian._granian import RSGIHTTPProtocol as HTTPProtocol
-from granian.rsgi import Scope
+from granian.rsgi import HTTPProtocol, Scope
 
 from sessionmem_core import api
 from sessionmem_core.env import LauncherSettings
 from sessionmem_core.errors import InvalidRequest, SessionMemError
-from sessionmem_core.ids import new_message_id, validate_conversation_id
+from sessionmem_core.ids import ConversationId, new_message_id, parse_conversation_id
 from sessionmem_infra.http_client import HttpClient
 from sessionmem_infra.serving import respond
 from sessionmem_launcher.forward import CallerHeaders, Forwarder
@@ -90,6 +89,7 @@ class ManagedLoop:
         self._count_tokens = load_counter(settings.token_counter)
         self.compactor = compactor or Compactor(settings, forwarder, summarizer_from_settings(settings))
         self._agent = HttpClient(f"http://127.0.0.1:{settings.agent_port}", timeout=settings.agent_timeout_seconds)
+        self._replay_query = ((api.LIMIT_PARAM, str(settings.replay_messages)), ("summary", "true"))
 
     async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
         await self._limits.serve(scope, proto, self._serve)
@@ -109,7 +109,7 @@ class ManagedLoop:
             status, headers, answer = await self._call_agent(scope, body, capability)
             proto.response_bytes(status, headers, answer)
             return
-        await self._turn(scope, proto, validate_conversation_id(conversation_id), body, capability)
+        await self._turn(scope, proto, parse_conversation_id(conversation_id), body, capability)
 
     async def _agent_listening(self) -> None:
         """``agent_unavailable`` (502) until the agent accepts a connection on its port."""
@@ -121,7 +121,7 @@ class ManagedLoop:
             raise AgentUnavailable(f"agent on port {self._settings.agent_port} is not listening yet") from exc
 
     async def _turn(
-        self, scope: Scope, proto: HTTPProtocol, conversation_id: str, body: bytes, capability: str | None
+        self, scope: Scope, proto: HTTPProtocol, conversation: ConversationId, body: bytes, capability: str | None
     ) -> None:
         try:
             request = orjson.loads(body)
@@ -132,25 +132,23 @@ class ManagedLoop:
         caller = CallerHeaders.of(scope.headers.get, capability)
 
         memory_status = "ok"
-        history = await self._replay(conversation_id, caller)
+        history = await self._replay(conversation, caller)
         if history is None:
             memory_status, history = "unavailable", []
         request["history"] = history
         status, agent_headers, answer = await self._call_agent(scope, orjson.dumps(request), capability)
         output = _output_of(answer) if 200 <= status < 300 else None
         if output is not None:
-            stored = await self._store(conversation_id, request["input"], output, caller)
+            stored = await self._store(conversation, request["input"], output, caller)
             if not stored and memory_status == "ok":
                 memory_status = "not-stored"
         elif memory_status == "ok":
             memory_status = "not-stored"
         proto.response_bytes(status, [*agent_headers, (api.MEMORY_STATUS_HEADER, memory_status)], answer)
 
-    async def _replay(self, conversation_id: str, caller: CallerHeaders) -> list[dict[str, object]] | None:
+    async def _replay(self, conversation: ConversationId, caller: CallerHeaders) -> list[dict[str, object]] | None:
         """The last turns as the agent sees them, or None when memory is unavailable."""
-        query = [(api.LIMIT_PARAM, str(self._settings.replay_messages)), ("summary", "true")]
-        path = api.entries_path(conversation_id)
-        reply = await self._forwarder.forward("GET", "get", conversation_id, path, query, None, caller)
+        reply = await self._forwarder.read(conversation, caller, self._replay_query)
         if reply.status != 200:
             return None
         try:
@@ -159,7 +157,7 @@ class ManagedLoop:
             return None  # an unreadable history is memory unavailable: the turn goes on without it
         return within_budget(summary, window, self._settings.replay_tokens, self._count_tokens)
 
-    async def _store(self, conversation_id: str, user: str, assistant: str, caller: CallerHeaders) -> bool:
+    async def _store(self, conversation: ConversationId, user: str, assistant: str, caller: CallerHeaders) -> bool:
         turn = new_message_id()
         body = orjson.dumps(
             {
@@ -169,15 +167,14 @@ class ManagedLoop:
                 ]
             }
         )
-        path = api.entries_path(conversation_id)
-        reply = await self._forwarder.forward("POST", "append", conversation_id, path, (), body, caller)
+        reply = await self._forwarder.append(conversation, body, caller, identified=True)
         if reply.status != 200:
             return False
         try:
             length = int(orjson.loads(reply.body).get("length", 0))
         except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
             return True  # stored; only the compaction hint is lost
-        self.compactor.after_append(conversation_id, length, caller)
+        self.compactor.after_append(conversation, length, caller)
         return True
 
     async def _call_agent(

@@ -1,6 +1,9 @@
-"""The agent's memory endpoint on 127.0.0.1: the memory API, each operation handed to ``Forwarder.forward``
-(which adds the pod's identity and parameters). Besides, ``/healthz`` and ``/openapi.json`` (the committed
-document, ``openapi.json`` next to this module, so the wheel ships it).
+"""The agent's memory endpoint on 127.0.0.1: the memory API, each operation handed to the ``Forwarder``
+(which adds the pod's identity and parameters). The path is matched and the id parsed once, the query
+parsed once, the caller's turn resolved and the body read here; what refuses the call before it is
+forwarded is answered by ``Forwarder.refused``, as a failed ``memory.<op>`` span like any other.
+Besides, ``/healthz`` and ``/openapi.json`` (the committed document, ``openapi.json`` next to this
+module, so the wheel ships it).
 
 A call acts for an end user only through the live turn handle it names (``X-Sessionmem-Turn``), which the
 launcher resolves to the capability it holds for that turn; a user capability itself is never accepted
@@ -8,14 +11,14 @@ here (``sessionmem_launcher.turns``)."""
 
 from __future__ import annotations
 
-from functools import cache, partial
+from functools import cache
 from pathlib import Path
 
-from granian._granian import RSGIHTTPProtocol as HTTPProtocol
-from granian.rsgi import Scope
+from granian.rsgi import HTTPProtocol, Scope
 
 from sessionmem_core import api
-from sessionmem_core.errors import CapabilityNotAccepted, NotFound
+from sessionmem_core.errors import CapabilityNotAccepted, NotFound, SessionMemError
+from sessionmem_core.ids import parse_conversation_id
 from sessionmem_infra.serving import json_headers, respond
 from sessionmem_launcher.forward import CallerHeaders, Forwarder
 from sessionmem_launcher.serving import ListenerLimits
@@ -44,16 +47,16 @@ class MemoryEndpoint:
             respond(proto, 200, committed_openapi())
             return
         op, conversation_id = api.memory_route(method, path)
-        reply = await self._forwarder.forward(
-            method,
-            op,
-            conversation_id,
-            path,
-            api.parse_query(scope.query_string),
-            partial(self._limits.read_body, scope, proto),
-            CallerHeaders.of(scope.headers.get, None),
-            partial(self._capability_of, scope),
-        )
+        headers = scope.headers
+        try:
+            conversation = None if conversation_id is None else parse_conversation_id(conversation_id)
+            caller = CallerHeaders.of(headers.get, self._capability_of(scope))
+            body = await self._limits.read_body(scope, proto)
+        except SessionMemError as exc:
+            reply = self._forwarder.refused(op, conversation_id or "", CallerHeaders.of(headers.get, None), exc)
+        else:
+            query = api.parse_query(scope.query_string)
+            reply = await self._forwarder.forward(op, conversation, caller, query, body)
         proto.response_bytes(reply.status, json_headers(reply.status), reply.body)
 
     def _capability_of(self, scope: Scope) -> str | None:

@@ -1,6 +1,7 @@
 """The launcher's OpenAPI document, built from its route declarations (``ROUTES``) and the wire models of
-``sessionmem_core.wire``, and committed as ``openapi.json`` next to this module, which the memory endpoint
-serves as it is (building it needs pydantic, which the launcher does not load at run time).
+``sessionmem_core.wire`` by the one generator (``sessionmem_core.openapi``), and committed as
+``openapi.json`` next to this module, which the memory endpoint serves as it is (building it needs
+pydantic, which the launcher does not load at run time).
 
     python -m sessionmem_launcher.openapi           # rewrite the committed document
     python -m sessionmem_launcher.openapi --check   # exit 1 when it is not current
@@ -17,23 +18,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
 
-from sessionmem_core import api, env, wire
+from sessionmem_core import api, openapi, wire
 from sessionmem_launcher.memory_api import HEALTH_PATH, OPENAPI_FILE, OPENAPI_PATH
 
 _ID = "conversationId"
-
-
-@dataclass(frozen=True)
-class Param:
-    name: str
-    schema: dict[str, Any]
-    description: str
-    where: str = "query"
-    required: bool = False
 
 
 @dataclass(frozen=True)
@@ -42,16 +32,16 @@ class Route:
     path: str  # an OpenAPI path template; {conversationId} is the id
     op: str  # as api.memory_route names it
     summary: str
-    answer: type[BaseModel]
-    params: tuple[Param, ...] = ()
+    answer: type[BaseModel] | None
+    params: tuple[api.Parameter, ...] = ()
     body: type[BaseModel] | None = None
     # Besides 200 and the statuses every memory operation may answer (ANSWERED_BY_EVERY_OPERATION).
     statuses: dict[int, str] = field(default_factory=dict)
 
 
-_CONVERSATION = f"{api.API_PREFIX}/conversations/{{{_ID}}}"
-_TURN = Param(
+_TURN = api.Parameter(
     api.TURN_HEADER,
+    "header",
     {"type": "string"},
     (
         "The handle of the end user's turn, as the launcher sent it to the agent with the request in "
@@ -59,7 +49,6 @@ _TURN = Param(
         "that request. "
         f"A user capability ({api.USER_CAPABILITY_HEADER}) is never accepted here."
     ),
-    where="header",
 )
 _BODY_STATUSES = {
     408: "The request body did not arrive within the body timeout",
@@ -78,209 +67,65 @@ ANSWERED_BY_EVERY_OPERATION = {
     503: "The proxy or its backend is unreachable, or the launcher has too many requests in flight",
 }
 
-ROUTES: tuple[Route, ...] = (
+# What the launcher adds to a declared operation: its statuses besides every operation's, and to its summary.
+_STATUSES: dict[str, dict[int, str]] = {
+    "append": _BODY_STATUSES,
+    "replace": {**_BODY_STATUSES, 412: "If-Match does not match the version"},
+}
+_DETAIL = {"export": ", all its pages joined into one History"}
+
+
+def _model(name: str | None) -> type[BaseModel] | None:
+    model = None if name is None else getattr(wire, name)
+    assert model is None or issubclass(model, BaseModel), name
+    return model
+
+
+# The launcher serves every memory operation of the contract, each with the turn handle besides.
+ROUTES: tuple[Route, ...] = tuple(
     Route(
-        "GET",
-        f"{_CONVERSATION}/entries",
-        "get",
-        "Read the last entries of a conversation",
-        wire.History,
-        (
-            Param(
-                api.LIMIT_PARAM,
-                {
-                    "type": "integer",
-                    "minimum": 0,
-                    "maximum": env.MAX_READ_LIMIT,
-                    "default": env.DEFAULT_REPLAY_MESSAGES,
-                },
-                "How many of the newest entries",
-            ),
-            Param("summary", {"type": "boolean", "default": False}, "Also return the rolling summary of older turns"),
-            _TURN,
-        ),
-    ),
-    Route(
-        "POST",
-        f"{_CONVERSATION}/entries",
-        "append",
-        "Append a batch (normally one user/assistant exchange) atomically",
-        wire.AppendResponse,
-        (_TURN,),
-        body=wire.AppendRequest,
-        statuses=_BODY_STATUSES,
-    ),
-    Route(
-        "GET",
-        f"{_CONVERSATION}/search",
-        "search",
-        "Keyword search within one conversation",
-        wire.SearchResponse,
-        (
-            Param("q", {"type": "string", "minLength": 1, "maxLength": 1024}, "Words to look for", required=True),
-            Param(api.LIMIT_PARAM, {"type": "integer", "minimum": 1, "maximum": 100, "default": 10}, "Most matches"),
-            _TURN,
-        ),
-    ),
-    Route("GET", f"{_CONVERSATION}/export", "export", "Export a whole conversation", wire.History, (_TURN,)),
-    Route(
-        "GET",
-        _CONVERSATION,
-        "info",
-        "Whether a conversation exists, its version, size and remaining TTL",
-        wire.ConversationInfo,
-        (_TURN,),
-    ),
-    Route(
-        "PUT",
-        _CONVERSATION,
-        "replace",
-        "Replace (seed) a conversation, conditional on its version",
-        wire.ReplaceResponse,
-        (
-            Param(
-                "if-match",
-                {"type": "string"},
-                "Expected version (as returned by a read); '*' or absent: any",
-                where="header",
-            ),
-            _TURN,
-        ),
-        body=wire.ReplaceRequest,
-        statuses={**_BODY_STATUSES, 412: "If-Match does not match the version"},
-    ),
-    Route("DELETE", _CONVERSATION, "delete", "Erase a conversation", wire.DeleteResponse, (_TURN,)),
-    Route(
-        "GET",
-        api.CONVERSATIONS_PATH,
-        "list",
-        "List the agent's conversations (paginated)",
-        wire.ConversationList,
-        (
-            Param(
-                api.LIMIT_PARAM,
-                {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
-                "Page size hint (Valkey SCAN): a page may hold a few more or fewer",
-            ),
-            Param("cursor", {"type": "string", "pattern": "^[0-9]{1,20}$", "default": "0"}, "Where the page starts"),
-            _TURN,
-        ),
-    ),
-    Route(
-        "DELETE",
-        api.USER_CONVERSATIONS_PATH,
-        "erase_user",
-        "Erase everything of the end user whose turn the handle is, across the agent's conversations",
-        wire.UserErasure,
-        (_TURN,),
-    ),
+        declared.method,
+        declared.path,
+        declared.op,
+        declared.summary + _DETAIL.get(declared.op, ""),
+        _model(declared.response),
+        (*declared.params, _TURN),
+        body=_model(declared.request),
+        statuses=_STATUSES.get(declared.op, {}),
+    )
+    for declared in api.MEMORY_OPERATIONS
 )
 
 
-def _error(description: str) -> dict[str, Any]:
-    return {
-        "description": description,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
-    }
+def _operation(route: Route) -> openapi.Operation:
+    params = [api.CONVERSATION_ID] if _ID in route.path else []
+    params += route.params
+    errors = {**ANSWERED_BY_EVERY_OPERATION, **route.statuses}
+    return openapi.Operation(
+        route.op, route.method, route.path, route.summary, "memory", params, route.answer, errors, route.body
+    )
 
 
-def _operation(route: Route) -> dict[str, Any]:
-    params: list[dict[str, Any]] = []
-    if _ID in route.path:
-        params.append(
-            {
-                "name": _ID,
-                "in": "path",
-                "required": True,
-                "description": "Conversation id: see the id rule in sessionmem_core.ids",
-                "schema": {"type": "string", "minLength": 1, "maxLength": 128},
-            }
-        )
-    params += [
-        {
-            "name": p.name,
-            "in": p.where,
-            "required": p.required,
-            "description": p.description,
-            "schema": p.schema,
-        }
-        for p in route.params
-    ]
-    responses: dict[str, Any] = {
-        "200": {
-            "description": "Success",
-            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{route.answer.__name__}"}}},
-        }
-    }
-    statuses = {**ANSWERED_BY_EVERY_OPERATION, **route.statuses}
-    responses |= {str(status): _error(statuses[status]) for status in sorted(statuses)}
-    operation: dict[str, Any] = {
-        "operationId": route.op,
-        "summary": route.summary,
-        "tags": ["memory"],
-        "parameters": params,
-        "responses": responses,
-    }
-    if route.body is not None:
-        operation["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{route.body.__name__}"}}},
-        }
-    return operation
+_HEALTH = (
+    openapi.Operation("healthz", "GET", HEALTH_PATH, "The launcher is up", "health", (), wire.Health),
+    openapi.Operation("openapi", "GET", OPENAPI_PATH, "This document", "health", (), None),
+)
 
 
 def build() -> dict[str, Any]:
-    models: list[type[BaseModel]] = [wire.Health, wire.ErrorResponse]
-    for route in ROUTES:
-        models += [route.answer] + ([route.body] if route.body is not None else [])
-    unique = list(dict.fromkeys(models))
-    _, schemas = models_json_schema(
-        [(m, "validation" if m in {r.body for r in ROUTES} else "serialization") for m in unique],
-        ref_template="#/components/schemas/{model}",
+    return openapi.document(
+        "sessionmem launcher memory endpoint",
+        (
+            "The agent's memory API on 127.0.0.1 inside its pod. The launcher forwards each call to the "
+            "state-layer proxy with the pod's identity; scope, cap, TTL and redactors are the pod's "
+            "configuration and not parameters of this API (values an agent sends for them are dropped)."
+        ),
+        [*_HEALTH, *(_operation(route) for route in ROUTES)],
     )
-    paths: dict[str, dict[str, Any]] = {
-        HEALTH_PATH: {
-            "get": {
-                "operationId": "healthz",
-                "summary": "The launcher is up",
-                "tags": ["health"],
-                "responses": {
-                    "200": {
-                        "description": "Up",
-                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Health"}}},
-                    }
-                },
-            }
-        },
-        OPENAPI_PATH: {
-            "get": {
-                "operationId": "openapi",
-                "summary": "This document",
-                "tags": ["health"],
-                "responses": {"200": {"description": "The OpenAPI document", "content": {"application/json": {}}}},
-            }
-        },
-    }
-    for route in ROUTES:
-        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "sessionmem launcher memory endpoint",
-            "version": "1",
-            "description": (
-                "The agent's memory API on 127.0.0.1 inside its pod. The launcher forwards each call to the "
-                "state-layer proxy with the pod's identity; scope, cap, TTL and redactors are the pod's "
-                "configuration and not parameters of this API (values an agent sends for them are dropped)."
-            ),
-        },
-        "paths": paths,
-        "components": {"schemas": schemas["$defs"]},
-    }
 
 
 def render() -> bytes:
-    return orjson.dumps(build(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+    return openapi.render(build())
 
 
 def main(argv: list[str] | None = None) -> int:

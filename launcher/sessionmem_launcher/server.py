@@ -15,10 +15,8 @@ from sessionmem_infra.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_launcher.forward import Forwarder, forwarder_from_settings
 from sessionmem_launcher.managed_loop import ManagedLoop
 from sessionmem_launcher.memory_api import MemoryEndpoint
-from sessionmem_launcher.serving import EmbeddedServer, ListenerLimits, serve_in_background
+from sessionmem_launcher.serving import Listener, ListenerLimits, Serve, serve_in_background
 from sessionmem_launcher.turns import TurnBindings
-
-__all__ = ["Launcher", "serve_in_background"]
 
 
 @dataclass
@@ -26,7 +24,9 @@ class Launcher:
     settings: LauncherSettings
     tracer_provider: TracerProvider | None = None
     serve_host: str = "0.0.0.0"
-    _servers: list[EmbeddedServer] = field(default_factory=list)
+    # How each listener is opened (injected: a test serves on port 0 with its own, tests/support/serving.py).
+    serve: Serve = serve_in_background
+    _servers: list[Listener] = field(default_factory=list)
     _forwarder: Forwarder | None = None
     _loop_app: ManagedLoop | None = None
     # The handles of the turns in flight on the serving port, which the memory endpoint resolves.
@@ -42,10 +42,8 @@ class Launcher:
         limits = self.settings.limits
         endpoint = MemoryEndpoint(forwarder, ListenerLimits(limits), self.turns)
         self._loop_app = ManagedLoop(self.settings, forwarder, ListenerLimits(limits), self.turns)
-        self._servers.append(await serve_in_background(endpoint, "127.0.0.1", self.settings.launcher_port, limits))
-        self._servers.append(
-            await serve_in_background(self._loop_app, self.serve_host, self.settings.serve_port, limits)
-        )
+        self._servers.append(await self.serve(endpoint, "127.0.0.1", self.settings.launcher_port, limits))
+        self._servers.append(await self.serve(self._loop_app, self.serve_host, self.settings.serve_port, limits))
 
     @property
     def memory_port(self) -> int:

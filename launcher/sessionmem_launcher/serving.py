@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
-from granian._granian import ListenerSpec
-from granian._granian import RSGIHTTPProtocol as HTTPProtocol
 from granian.constants import HTTPModes, Interfaces
 from granian.log import LogLevels
-from granian.rsgi import Scope
+from granian.rsgi import HTTPProtocol, Scope
 from granian.server.embed import Server
 
 from sessionmem_core.env import ServingLimits
@@ -74,38 +70,28 @@ class ListenerLimits:
         return await self.requests.read_body(proto, headers.get("content-length"), "transfer-encoding" in headers)
 
 
-class _BoundServer(Server):
-    """granian's embedded server bound to a socket it opens before serving, so ``port`` 0 can be read back.
+class Listener(Protocol):
+    """One listening port serving an app until ``stop()``; ``port`` is the port it listens on."""
 
-    granian (on Linux) otherwise hands its workers a socket *spec* each binds anew; with port 0 nobody would
-    know the port. This is the path granian takes on other platforms (a pre-built socket), taken always."""
+    port: int
 
-    bound: socket.socket | None = None
+    async def stop(self) -> None: ...
 
-    def _init_shared_socket(self) -> None:
-        holder = ListenerSpec(self.bind_addr, self.bind_port, self.backlog).build()
-        self._ssp = None
-        self._shd = holder  # type: ignore[assignment]  # granian declares it None until bound
-        self._sfd = holder.get_fd()
-        self.bound = socket.socket(fileno=os.dup(holder.get_fd()))
+
+# How the launcher opens a listener: (app, host, port, limits) -> a started listener. The launcher's own is
+# ``serve_in_background``; a test hands one that can also bind port 0 (tests/support/serving.py).
+Serve = Callable[[RsgiApp, str, int, ServingLimits], Awaitable[Listener]]
 
 
 class EmbeddedServer:
     """One listening port served by granian on the running event loop until ``stop()``."""
 
-    def __init__(
-        self,
-        app: Any,
-        host: str,
-        port: int,
-        limits: ServingLimits,
-        interface: Interfaces = Interfaces.RSGI,
-    ) -> None:
-        self._server = _BoundServer(
+    def __init__(self, app: RsgiApp, host: str, port: int, limits: ServingLimits) -> None:
+        self._server = Server(
             app,
             address=host,
             port=port,
-            interface=interface,
+            interface=Interfaces.RSGI,
             http=HTTPModes.http1,
             websockets=False,
             backlog=1024,
@@ -113,22 +99,25 @@ class EmbeddedServer:
             http1_settings=http1_settings(limits),
             log_level=LogLevels.error,
         )
+        self._host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self._task: asyncio.Task[None] | None = None
         self.port = port
 
     async def start(self) -> None:
+        """Serve, and return once the port takes connections; the bind's own error when it fails."""
         task = self._task = asyncio.create_task(self._server.serve())
-        # serve() binds at once; granian's worker thread then starts listening on that socket.
         async with asyncio.timeout(_LISTEN_TIMEOUT_SECONDS):
-            while (bound := self._server.bound) is None or not bound.getsockopt(
-                socket.SOL_SOCKET, socket.SO_ACCEPTCONN
-            ):
+            while True:
                 if task.done():
                     task.result()  # the bind failed: raise its error
                     raise RuntimeError("granian stopped before listening")
-                await asyncio.sleep(0.001)
-        self.port = bound.getsockname()[1]
-        bound.close()  # a duplicate of granian's socket: closing it leaves granian's open
+                try:
+                    _reader, writer = await asyncio.open_connection(self._host, self.port)
+                except OSError:
+                    await asyncio.sleep(0.005)
+                    continue
+                writer.close()
+                return
 
     async def stop(self) -> None:
         if self._task is None:
@@ -137,20 +126,10 @@ class EmbeddedServer:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
-        self._server._shd = None  # the listening socket closes with its last reference
 
 
-async def serve_in_background(
-    app: Any,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    limits: ServingLimits | None = None,
-    interface: Interfaces | None = None,
-) -> EmbeddedServer:
-    """Serve ``app`` on the running loop until ``stop()``; ``port`` 0 picks a free one (see ``.port``).
-    An object with ``__rsgi__`` is served as RSGI, anything else as an ASGI app without lifespan."""
-    if interface is None:
-        interface = Interfaces.RSGI if hasattr(app, "__rsgi__") else Interfaces.ASGINL
-    server = EmbeddedServer(app, host, port, limits or ServingLimits(), interface)
+async def serve_in_background(app: RsgiApp, host: str, port: int, limits: ServingLimits) -> EmbeddedServer:
+    """Serve ``app`` (RSGI) on ``host``:``port`` on the running loop until ``stop()``."""
+    server = EmbeddedServer(app, host, port, limits)
     await server.start()
     return server

@@ -23,6 +23,7 @@ import orjson
 from sessionmem_core import api
 from sessionmem_core.env import LauncherSettings
 from sessionmem_core.errors import SessionMemError
+from sessionmem_core.ids import ConversationId
 from sessionmem_infra.http_client import HttpClient
 from sessionmem_launcher.forward import CallerHeaders, Forwarder
 
@@ -75,20 +76,20 @@ class Compactor:
         self._settings = settings
         self._memory = memory
         self._summarizer = summarizer
-        self._running: dict[tuple[str, str | None], asyncio.Task[None]] = {}
+        self._running: dict[tuple[ConversationId, str | None], asyncio.Task[None]] = {}
 
     @property
     def enabled(self) -> bool:
         return self._settings.summary_threshold > 0 and self._settings.scope == "session"
 
-    def after_append(self, conversation_id: str, length: int, caller: CallerHeaders) -> None:
+    def after_append(self, conversation: ConversationId, length: int, caller: CallerHeaders) -> None:
         if not self.enabled or length <= self._settings.summary_threshold:
             return
-        slot = (conversation_id, caller.capability)
+        slot = (conversation, caller.capability)
         if slot in self._running:
             return
         # Off the turn's trace: the compaction outlives the request, and only the user's capability carries over.
-        task = asyncio.create_task(self._compact(conversation_id, CallerHeaders(capability=caller.capability)))
+        task = asyncio.create_task(self._compact(conversation, CallerHeaders(capability=caller.capability)))
         self._running[slot] = task
         task.add_done_callback(lambda _: self._running.pop(slot, None))
 
@@ -97,11 +98,10 @@ class Compactor:
         while self._running:
             await asyncio.gather(*self._running.values(), return_exceptions=True)
 
-    async def _compact(self, conversation_id: str, caller: CallerHeaders) -> None:
+    async def _compact(self, conversation: ConversationId, caller: CallerHeaders) -> None:
         try:
-            with self._memory.tracer.span("summarize", conversation_id, None) as span:
-                export = api.export_path(conversation_id)
-                stored = await self._memory.forward("GET", "export", conversation_id, export, (), None, caller)
+            with self._memory.tracer.span("summarize", conversation, None) as span:
+                stored = await self._memory.export(conversation, caller)
                 if stored.status != 200:
                     span.fail(f"http_{stored.status}")
                     return
@@ -120,12 +120,8 @@ class Compactor:
                 version = int(history["version"])
                 seed = [{"role": "system", "content": text, "id": f"{api.SUMMARY_ID_PREFIX}{version}"}]
                 seed += [{"role": e["role"], "content": e["content"], "id": e["id"]} for e in window]
-                replaced = await self._memory.forward(
-                    "PUT",
-                    "replace",
-                    conversation_id,
-                    api.conversation_path(conversation_id),
-                    (),
+                replaced = await self._memory.replace(
+                    conversation,
                     orjson.dumps({"entries": seed}),
                     CallerHeaders(capability=caller.capability, if_match=str(version)),
                 )
@@ -134,7 +130,7 @@ class Compactor:
                     span.fail(f"http_{replaced.status}")
         except (SessionMemError, OSError, TimeoutError, ValueError, KeyError) as exc:
             # Best-effort: the history is intact, and the next append past the threshold retries.
-            _LOG.warning("summary of %s failed: %s", conversation_id, exc)
+            _LOG.warning("summary of %s failed: %s", conversation, exc)
 
 
 def _window_start(entries: Sequence[dict[str, Any]], window: int) -> int:

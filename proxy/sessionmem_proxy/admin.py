@@ -1,5 +1,6 @@
-"""Administration of memory (inspect, export, erase an agent's or a user's memory) is a person's act,
-authorised by Kubernetes RBAC: never an agent token's.
+"""The administrators' routes (who may call them: ``rbac``). Administration of memory (inspect, export,
+erase an agent's or a user's memory) is a person's act, authorised by Kubernetes RBAC: never an agent
+token's.
 
 The caller presents their own Kubernetes bearer token (what kubectl sends). The proxy asks the API server
 who it is (TokenReview under the API server's own audiences, not the proxy's: an agent's projected token
@@ -16,159 +17,61 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
-import httpx
 import orjson
 from pydantic import BaseModel
 
 from sessionmem_core import api, kube, wire
-from sessionmem_core.errors import (
-    AuthUnavailable,
-    Forbidden,
-    InvalidRequest,
-    NotFound,
-    SessionMemError,
-    Unauthenticated,
-)
-from sessionmem_core.ids import validate_conversation_id
-from sessionmem_core.keys import Owner, conversation_of, per_user_prefix, session_prefix, shared_prefix
-from sessionmem_proxy.buckets import Rate, TokenBucket
+from sessionmem_core.errors import Forbidden, InvalidRequest, NotFound, SessionMemError
+from sessionmem_core.ids import parse_conversation_id
+from sessionmem_core.keys import Owner
+from sessionmem_proxy.bulk import delete_all, export_page
 from sessionmem_proxy.identity import bearer_token
-from sessionmem_proxy.kubeapi import KubeAPI
-from sessionmem_proxy.lifecycle import export_page
+from sessionmem_proxy.keying import (
+    agent_of,
+    agent_space,
+    bucket_and_conversation,
+    bucket_space,
+    conversation_key,
+    keys_under,
+    registry_space,
+    user_bucket_keys,
+)
+from sessionmem_proxy.params import (
+    AdminConversationParams,
+    AdminExportParams,
+    AdminListParams,
+    AdminNamespaceUserParams,
+    AdminParams,
+    AdminRegistryParams,
+    AdminShowParams,
+    AdminSpace,
+    AdminUserParams,
+    P,
+)
+from sessionmem_proxy.rbac import ERASE, LIST, READ, Administrator
 from sessionmem_proxy.replies import Reply, model_reply
 
 if TYPE_CHECKING:
     from sessionmem_proxy.context import ProxyContext
 
 _AUDIT = logging.getLogger("sessionmem.proxy.audit")
+# A conversation of a space, to read the space's accounting by (it is kept per space, not per conversation).
+_ANY_CONVERSATION = parse_conversation_id("stats")
 
-MEMORY_SUBRESOURCE = "memory"
-# The verbs an administrator's operation is checked with, by what it does.
-READ, LIST, ERASE = "get", "list", "delete"
-DEV_ADMIN_PREFIX = "dev-admin:"
-
-
-@dataclass(frozen=True)
-class Administrator:
-    """A person the API server vouched for, with what SubjectAccessReview needs to ask about them."""
-
-    username: str
-    uid: str = ""
-    groups: tuple[str, ...] = ()
-    extra: dict[str, list[str]] = field(default_factory=dict)
-
-
-class AdminAuthorizer(Protocol):
-    async def authorize(
-        self, bearer_token: str | None, verb: str, namespace: str, agent: str | None, resource: str = kube.AGENT_PLURAL
-    ) -> Administrator:
-        """The administrator, when they may ``verb`` the memory of ``namespace/agent`` (of every agent in
-        the namespace when ``agent`` is None; of the cluster-scoped AgentRegistry ``agent`` when
-        ``resource`` is agentregistries and ``namespace`` is empty); typed errors otherwise."""
-        ...
-
-
-def denial(admin: Administrator, verb: str, namespace: str, name: str | None, resource: str) -> Forbidden:
-    target = f"{resource}/{MEMORY_SUBRESOURCE}" + (f" {name!r}" if name else "")
-    where = f" in namespace {namespace!r}" if namespace else ""
-    return Forbidden(f"user {admin.username!r} cannot {verb} {target}{where}")
-
-
-# Administrators' calls are a person's, at a person's pace: each costs the API server up to three reviews
-# (nothing is cached, so a revoked permission stops at once), so all of them together may start at most
-# ADMIN_RATE; beyond it a caller gets 503 auth_unavailable and the API server is not asked. A flood of
-# garbage tokens on the admin routes costs it no more than that.
-ADMIN_RATE = Rate(per_second=10.0, burst=20)
-
-
-class KubeAdminAuthorizer:
-    def __init__(self, http: httpx.AsyncClient, api: KubeAPI, agent_audience: str, *, rate: Rate = ADMIN_RATE) -> None:
-        self._http = http
-        self._api = api
-        self._agent_audience = agent_audience
-        self._rate = rate
-        self._budget = TokenBucket(float(rate.burst), time.monotonic())
-        # The administrators' TokenReviews by result (authenticated, rejected; unavailable counts any API
-        # call that failed, SubjectAccessReviews included): the proxy's /metrics.
-        self.reviews: Counter[str] = Counter()
-
-    async def authorize(
-        self, bearer_token: str | None, verb: str, namespace: str, agent: str | None, resource: str = kube.AGENT_PLURAL
-    ) -> Administrator:
-        if not bearer_token:
-            raise Unauthenticated("missing bearer token")
-        self._spend()
-        status = await self._token_review(bearer_token, None)
-        self.reviews["authenticated" if status.get("authenticated") else "rejected"] += 1
-        if not status.get("authenticated"):
-            # An agent's projected token is only valid under the proxy's audience: say plainly that agents
-            # are not administrators instead of calling their valid token unknown.
-            agent_status = await self._token_review(bearer_token, [self._agent_audience])
-            if agent_status.get("authenticated"):
-                raise Forbidden("memory administration is a person's act: an agent's token cannot do it")
-            raise Unauthenticated("token rejected: " + str(status.get("error", "not authenticated"))[:200])
-        user: dict[str, Any] = status.get("user") or {}
-        admin = Administrator(
-            username=str(user.get("username", "")),
-            uid=str(user.get("uid", "")),
-            groups=tuple(str(g) for g in user.get("groups") or ()),
-            extra={str(k): [str(v) for v in vs] for k, vs in (user.get("extra") or {}).items()},
-        )
-        parsed = kube.parse_service_account_username(admin.username)
-        if parsed is not None and kube.agent_from_service_account(parsed[1]) is not None:
-            raise Forbidden("memory administration is a person's act: an agent's token cannot do it")
-        if not await self._allowed(admin, verb, namespace, agent, resource):
-            raise denial(admin, verb, namespace, agent, resource)
-        return admin
-
-    def _spend(self) -> None:
-        if self._budget.take(time.monotonic(), self._rate.per_second, self._rate.burst):
-            raise AuthUnavailable("too many administration calls: identity checks are rate limited, retry shortly")
-
-    async def _token_review(self, token: str, audiences: list[str] | None) -> dict[str, Any]:
-        spec: dict[str, Any] = {"token": token}
-        if audiences:
-            spec["audiences"] = audiences
-        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
-        return await self._api.review(self._http, review, self.reviews)
-
-    async def _allowed(self, admin: Administrator, verb: str, namespace: str, agent: str | None, resource: str) -> bool:
-        attributes = {"group": kube.GROUP, "resource": resource, "subresource": MEMORY_SUBRESOURCE, "verb": verb}
-        if namespace:
-            attributes["namespace"] = namespace
-        if agent:
-            attributes["name"] = agent
-        review = {
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {
-                "user": admin.username,
-                "uid": admin.uid,
-                "groups": list(admin.groups),
-                "extra": admin.extra,
-                "resourceAttributes": attributes,
-            },
-        }
-        status = await self._api.review(self._http, review, self.reviews)
-        return bool(status.get("allowed")) and not status.get("denied")
-
-
-_Handler = Callable[["ProxyContext", dict[str, Any], BaseModel | None], Awaitable[Reply]]
+_Handler = Callable[["ProxyContext", P, BaseModel | None], Awaitable[Reply]]
 _NDJSON_HEADER = ("content-type", api.NDJSON)
 
 
-def observed(op: str) -> Callable[[_Handler], _Handler]:
+def observed(op: str) -> Callable[[_Handler[P]], _Handler[P]]:
     """Counts an administrator's operation in the proxy's metrics (``op``, and ``ok`` or its typed error),
     as the agents' operations are counted."""
 
-    def wrap(handler: _Handler) -> _Handler:
+    def wrap(handler: _Handler[P]) -> _Handler[P]:
         @functools.wraps(handler)
-        async def counted(ctx: ProxyContext, p: dict[str, Any], body: BaseModel | None) -> Reply:
+        async def counted(ctx: ProxyContext, p: P, body: BaseModel | None) -> Reply:
             started, outcome = time.perf_counter(), "internal"
             try:
                 answer = await handler(ctx, p, body)
@@ -185,61 +88,44 @@ def observed(op: str) -> Callable[[_Handler], _Handler]:
     return wrap
 
 
-class DevAdminAuthorizer:
-    """The explicit dev auth mode's administrator: ``dev-admin:<name>`` may do everything, nothing else
-    may. Off unless the proxy runs with SESSIONMEM_AUTH_MODE=dev, which the chart never sets."""
-
-    async def authorize(
-        self, bearer_token: str | None, verb: str, namespace: str, agent: str | None, resource: str = kube.AGENT_PLURAL
-    ) -> Administrator:
-        if not bearer_token:
-            raise Unauthenticated("missing bearer token")
-        if not bearer_token.startswith(DEV_ADMIN_PREFIX) or len(bearer_token) == len(DEV_ADMIN_PREFIX):
-            raise Forbidden("memory administration is a person's act: an agent's token cannot do it")
-        return Administrator(username=bearer_token[len(DEV_ADMIN_PREFIX) :])
-
-
 @observed("admin_erase_agent")
-async def erase_agent_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def erase_agent_memory(ctx: ProxyContext, p: AdminParams, _: BaseModel | None) -> Reply:
     """Every conversation of one agent, its users' buckets included: for a person allowed to delete the
     memory of that AgentDeployment."""
-    owner = Owner(p["namespace"], p["agent"])
-    return await _erase(ctx, p, session_prefix(owner), owner.namespace, owner.agent, kube.AGENT_PLURAL)
+    owner = Owner(p.namespace, p.agent)
+    return await _erase(ctx, p, agent_space(owner), owner.namespace, owner.agent, kube.AGENT_PLURAL)
 
 
 @observed("admin_erase_user")
-async def erase_user_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def erase_user_memory(ctx: ProxyContext, p: AdminUserParams, _: BaseModel | None) -> Reply:
     """One end user's conversations with one agent (their bucket), for a person allowed to delete the
     memory of that AgentDeployment. The bucket is derived as the proxy derives it for the user's turns."""
-    owner = Owner(p["namespace"], p["agent"])
-    prefix = ctx.keys.bucket_prefix(owner, p["user"])
-    return await _erase(ctx, p, prefix, owner.namespace, owner.agent, kube.AGENT_PLURAL, user=p["user"])
+    owner = Owner(p.namespace, p.agent)
+    prefix = ctx.keys.bucket_prefix(owner, p.user)
+    return await _erase(ctx, p, prefix, owner.namespace, owner.agent, kube.AGENT_PLURAL, user=p.user)
 
 
 @observed("admin_erase_user_everywhere")
-async def erase_user_everywhere(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def erase_user_everywhere(ctx: ProxyContext, p: AdminNamespaceUserParams, _: BaseModel | None) -> Reply:
     """One end user's conversations with every agent of a namespace, for a person allowed to delete the
     memory of all the namespace's AgentDeployments. The user's buckets are found by the agents that keep
     per-user memory there (their bucket keys), each derived as the proxy derives it for the user's turns."""
-    from sessionmem_proxy.lifecycle import delete_all
-
-    namespace, user = p["namespace"], p["user"]
-    space = session_prefix(Owner(namespace, "any"))[: -len("any:")]  # mem:{namespace}/
+    namespace, user = p.namespace, p.user
     if ctx.admin is None:
         raise Forbidden("memory administration is not enabled on this proxy")
-    admin = await ctx.admin.authorize(bearer_token(p["authorization"]), ERASE, namespace, None)
+    admin = await ctx.admin.authorize(bearer_token(p.authorization), ERASE, namespace, None)
     agents: set[str] = set()
     cursor = 0
     while True:
-        cursor, keys = await ctx.store.scan(f"{space}*:u:*", cursor, 500)
-        agents.update(key[len(space) :].split(":", 1)[0] for key in keys)
+        cursor, keys = await ctx.store.scan(user_bucket_keys(namespace), cursor, 500)
+        agents.update(agent_of(namespace, key) for key in keys)
         if cursor == 0:
             break
     removed: list[str] = []
     entries = 0
-    with ctx.tracer.span("admin_erase", "", p["traceparent"]) as span:
+    with ctx.tracer.span("admin_erase", "", p.traceparent) as span:
         for agent in sorted(agents):
-            keys, count = await delete_all(ctx, ctx.keys.bucket_prefix(Owner(namespace, agent), user))
+            keys, count = await delete_all(ctx.store, ctx.keys.bucket_prefix(Owner(namespace, agent), user))
             removed += keys
             entries += count
         span.entries = entries
@@ -258,29 +144,27 @@ async def erase_user_everywhere(ctx: ProxyContext, p: dict[str, Any], _: BaseMod
 
 
 @observed("admin_erase_registry")
-async def erase_registry_memory(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def erase_registry_memory(ctx: ProxyContext, p: AdminRegistryParams, _: BaseModel | None) -> Reply:
     """Every shared conversation of one AgentRegistry's team: its members append and read them, but
     replacing or erasing them is a person's act (delete on agentregistries/memory, cluster-scoped)."""
-    prefix = shared_prefix(p["registry"])  # a typed 400 for a name that is not a DNS label
-    return await _erase(ctx, p, prefix, "", p["registry"], kube.REGISTRY_PLURAL)
+    prefix = registry_space(p.registry)  # a typed 400 for a name that is not a DNS label
+    return await _erase(ctx, p, prefix, "", p.registry, kube.REGISTRY_PLURAL)
 
 
 async def _erase(
     ctx: ProxyContext,
-    p: dict[str, Any],
+    p: AdminParams | AdminUserParams | AdminRegistryParams,
     prefix: str,
     namespace: str,
     name: str,
     resource: str,
     user: str | None = None,
 ) -> Reply:
-    from sessionmem_proxy.lifecycle import delete_all  # lifecycle's handlers and these share one eraser
-
     if ctx.admin is None:
         raise Forbidden("memory administration is not enabled on this proxy")
-    admin = await ctx.admin.authorize(bearer_token(p["authorization"]), ERASE, namespace, name, resource)
-    with ctx.tracer.span("admin_erase", "", p["traceparent"]) as span:
-        removed, entries = await delete_all(ctx, prefix)
+    admin = await ctx.admin.authorize(bearer_token(p.authorization), ERASE, namespace, name, resource)
+    with ctx.tracer.span("admin_erase", "", p.traceparent) as span:
+        removed, entries = await delete_all(ctx.store, prefix)
         span.entries = entries
     target = f"{namespace}/{name}" if namespace else f"registry {name}"
     _AUDIT.warning(
@@ -315,26 +199,24 @@ _SCAN_BATCH = 200
 _MAX_SCANS_PER_PAGE = 50
 
 
-async def _authorized_space(ctx: ProxyContext, p: dict[str, Any], verb: str) -> tuple[Owner, str, Administrator]:
+async def _authorized_space(
+    ctx: ProxyContext, p: AdminSpace | AdminParams, verb: str
+) -> tuple[Owner, str, Administrator]:
     """(owner, key prefix of the space asked for, administrator): the agent's whole private space, or one
     end user's bucket in it (``user``, derived as for the user's own turns; or the ``bucket`` a listing
-    showed)."""
-    owner = Owner(p["namespace"], p["agent"])
+    showed). Parameters without a user (``AdminParams``) name the whole space."""
+    owner = Owner(p.namespace, p.agent)
     if ctx.admin is None:
         raise Forbidden("memory administration is not enabled on this proxy")
-    admin = await ctx.admin.authorize(bearer_token(p["authorization"]), verb, owner.namespace, owner.agent)
-    user, bucket = p.get("user"), p.get("bucket")
+    admin = await ctx.admin.authorize(bearer_token(p.authorization), verb, owner.namespace, owner.agent)
+    user, bucket = (None, None) if isinstance(p, AdminParams) else (p.user, p.bucket)
     if user is not None and bucket is not None:
         raise InvalidRequest("name the end user or their bucket, not both")
     if user is not None:
         return owner, ctx.keys.bucket_prefix(owner, user), admin
     if bucket is not None:
-        return owner, per_user_prefix(owner, bucket), admin
-    return owner, session_prefix(owner), admin
-
-
-def _conversation_key(prefix: str, conversation_id: str) -> str:
-    return prefix + validate_conversation_id(conversation_id)
+        return owner, bucket_space(owner, bucket), admin
+    return owner, agent_space(owner), admin
 
 
 def _timestamp(raw: list[bytes]) -> int | None:
@@ -345,24 +227,23 @@ def _timestamp(raw: list[bytes]) -> int | None:
 
 
 @observed("admin_conversations")
-async def list_agent_conversations(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def list_agent_conversations(ctx: ProxyContext, p: AdminListParams, _: BaseModel | None) -> Reply:
     """One page of an agent's conversations (its users' buckets included, unless one user is named), each
     with its size, version, remaining TTL and last write."""
-    cursor = int(p["cursor"])
+    cursor = int(p.cursor)
     if cursor >= 2**64:
         raise InvalidRequest("cursor is not one this server returned")
     owner, prefix, _admin = await _authorized_space(ctx, p, LIST)
-    agent_prefix = session_prefix(owner)
-    with ctx.tracer.span("admin_list", "", p["traceparent"]) as span:
+    with ctx.tracer.span("admin_list", "", p.traceparent) as span:
         found: list[str] = []
         for _page in range(_MAX_SCANS_PER_PAGE):
-            cursor, keys = await ctx.store.scan(prefix + "*", cursor, max(1, p["limit"] - len(found)))
+            cursor, keys = await ctx.store.scan(keys_under(prefix), cursor, max(1, p.limit - len(found)))
             found += keys
-            if cursor == 0 or len(found) >= p["limit"]:
+            if cursor == 0 or len(found) >= p.limit:
                 break
         conversations: list[wire.AdminConversation] = []
         for key in sorted(set(found)):
-            parsed = conversation_of(agent_prefix, key)
+            parsed = bucket_and_conversation(owner, key)
             if parsed is None:
                 continue
             length, version, ttl = await ctx.store.info(key)
@@ -384,7 +265,7 @@ async def list_agent_conversations(ctx: ProxyContext, p: dict[str, Any], _: Base
         wire.AdminConversationList(
             namespace=owner.namespace,
             agent=owner.agent,
-            user=p.get("user"),
+            user=p.user,
             conversations=conversations,
             nextCursor=str(cursor) if cursor else None,
         )
@@ -392,22 +273,22 @@ async def list_agent_conversations(ctx: ProxyContext, p: dict[str, Any], _: Base
 
 
 @observed("admin_show")
-async def show_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def show_conversation(ctx: ProxyContext, p: AdminShowParams, _: BaseModel | None) -> Reply:
     """The newest ``last`` entries of one conversation, oldest first, with their authors and times."""
     owner, prefix, _admin = await _authorized_space(ctx, p, READ)
-    key = _conversation_key(prefix, p["conversation_id"])
-    with ctx.tracer.span("admin_show", p["conversation_id"], p["traceparent"]) as span:
+    key = conversation_key(prefix, parse_conversation_id(p.conversation_id))
+    with ctx.tracer.span("admin_show", p.conversation_id, p.traceparent) as span:
         length, version, ttl = await ctx.store.info(key)
         if not length:
-            raise NotFound(f"{owner.author} has no conversation {p['conversation_id']!r} there")
-        result = await ctx.store.read(key, p["last"])
+            raise NotFound(f"{owner.author} has no conversation {p.conversation_id!r} there")
+        result = await ctx.store.read(key, p.last)
         span.entries, span.version = len(result.raw_entries), version
-    parsed = conversation_of(session_prefix(owner), key)
+    parsed = bucket_and_conversation(owner, key)
     return model_reply(
         wire.Transcript(
             namespace=owner.namespace,
             agent=owner.agent,
-            conversationId=p["conversation_id"],
+            conversationId=p.conversation_id,
             bucket=parsed[0] if parsed else None,
             version=version,
             total=length,
@@ -418,21 +299,21 @@ async def show_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel |
 
 
 @observed("admin_export")
-async def export_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def export_conversation(ctx: ProxyContext, p: AdminExportParams, _: BaseModel | None) -> Reply:
     """One page of one conversation as JSON lines, one per entry (``conversationId`` and ``bucket`` added
     to the stored entry), oldest first; the ``x-sessionmem-next-offset`` header says where the next page
     starts, absent on the last. An agent's or a user's whole memory is the pages of each conversation its
     listing shows (``kubectl sessionmem export`` does that)."""
     owner, prefix, _admin = await _authorized_space(ctx, p, READ)
-    conversation_id = p["conversation"]
-    key = _conversation_key(prefix, conversation_id)
-    with ctx.tracer.span("admin_export", conversation_id, p["traceparent"]) as span:
+    conversation_id = p.conversation
+    key = conversation_key(prefix, parse_conversation_id(conversation_id))
+    with ctx.tracer.span("admin_export", conversation_id, p.traceparent) as span:
         length = (await ctx.store.info(key))[0]
         if not length:
             raise NotFound(f"there is no conversation {conversation_id!r} there")
-        page, next_offset = await export_page(ctx, key, p["offset"], length)
+        page, next_offset = await export_page(ctx.store, key, p.offset, length)
         span.entries = len(page)
-    bucket = conversation_of(session_prefix(owner), key)
+    bucket = bucket_and_conversation(owner, key)
     head = (
         b'{"conversationId":'
         + orjson.dumps(conversation_id)
@@ -449,18 +330,18 @@ async def export_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel
 
 
 @observed("admin_stats")
-async def agent_memory_stats(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def agent_memory_stats(ctx: ProxyContext, p: AdminParams, _: BaseModel | None) -> Reply:
     """Conversations and bytes against the agent's quotas (the storage accounting's figures), and the oldest
     and newest writes among at most STATS_EXAMINED_CONVERSATIONS of its conversations."""
     owner, prefix, _admin = await _authorized_space(ctx, p, READ)  # no user named: the agent's whole space
-    with ctx.tracer.span("admin_stats", "", p["traceparent"]) as span:
+    with ctx.tracer.span("admin_stats", "", p.traceparent) as span:
         oldest: int | None = None
         newest: int | None = None
         examined, counted, cursor = 0, 0, 0
         while examined < STATS_EXAMINED_CONVERSATIONS:
-            cursor, keys = await ctx.store.scan(prefix + "*", cursor, _SCAN_BATCH)
+            cursor, keys = await ctx.store.scan(keys_under(prefix), cursor, _SCAN_BATCH)
             for key in keys:
-                if examined >= STATS_EXAMINED_CONVERSATIONS or conversation_of(prefix, key) is None:
+                if examined >= STATS_EXAMINED_CONVERSATIONS or bucket_and_conversation(owner, key) is None:
                     continue
                 first = _timestamp(await ctx.store.read_range(key, 0, 0))
                 last = _timestamp(await ctx.store.read_range(key, -1, -1))
@@ -472,8 +353,9 @@ async def agent_memory_stats(ctx: ProxyContext, p: dict[str, Any], _: BaseModel 
             counted += len(keys)
             if cursor == 0:
                 break
-        usage = await ctx.store.ledger.peek(prefix + "stats") if ctx.store.ledger is not None else None
-        limits = await ctx.quotas.policy_of(owner) if ctx.quotas is not None else None
+        ledger = ctx.store.ledger
+        usage = await ledger.peek(conversation_key(prefix, _ANY_CONVERSATION)) if ledger is not None else None
+        limits = await ctx.quotas.policy_of(owner)
         span.entries = examined
     return model_reply(
         wire.AgentMemoryStats(
@@ -493,21 +375,21 @@ async def agent_memory_stats(ctx: ProxyContext, p: dict[str, Any], _: BaseModel 
 
 
 @observed("admin_erase_conversation")
-async def erase_conversation(ctx: ProxyContext, p: dict[str, Any], _: BaseModel | None) -> Reply:
+async def erase_conversation(ctx: ProxyContext, p: AdminConversationParams, _: BaseModel | None) -> Reply:
     """One conversation of an agent (in a user's bucket, when one is named): delete on the memory."""
     owner, prefix, admin = await _authorized_space(ctx, p, ERASE)
-    key = _conversation_key(prefix, p["conversation_id"])
-    with ctx.tracer.span("admin_erase", p["conversation_id"], p["traceparent"]) as span:
+    key = conversation_key(prefix, parse_conversation_id(p.conversation_id))
+    with ctx.tracer.span("admin_erase", p.conversation_id, p.traceparent) as span:
         entries = await ctx.store.delete(key)
         span.entries = entries
     _AUDIT.warning(
-        "conversation %r of %s erased by %s: %d entries", p["conversation_id"], owner.author, admin.username, entries
+        "conversation %r of %s erased by %s: %d entries", p.conversation_id, owner.author, admin.username, entries
     )
     return model_reply(
         wire.ErasureReceipt(
             namespace=owner.namespace,
             agent=owner.agent,
-            user=p.get("user"),
+            user=p.user,
             keys=[key] if entries else [],
             entries=entries,
             erasedBy=admin.username,

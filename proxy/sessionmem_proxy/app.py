@@ -16,8 +16,7 @@ import pathlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from granian._granian import RSGIHTTPProtocol as HTTPProtocol
-from granian.rsgi import Scope
+from granian.rsgi import HTTPProtocol, Scope
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
@@ -28,8 +27,7 @@ from sessionmem_core.errors import InvalidRequest, Overloaded, SessionMemError
 from sessionmem_infra.heap import settle_heap
 from sessionmem_infra.serving import CONNECTION_CLOSE, BodyMeter, RequestLimits, closes_connection
 from sessionmem_infra.telemetry import MemoryTracer, tracer_provider_from_env
-from sessionmem_proxy.admin import AdminAuthorizer, DevAdminAuthorizer, KubeAdminAuthorizer
-from sessionmem_proxy.context import VERIFIED_IDENTITY, ProxyContext, identify
+from sessionmem_proxy.context import ProxyContext, identify
 from sessionmem_proxy.identity import AgentIdentity, Authenticator, DevAuthenticator
 from sessionmem_proxy.keying import KeyResolver
 from sessionmem_proxy.kubeapi import KubeAPI
@@ -38,6 +36,7 @@ from sessionmem_proxy.membership import KubeRegistryMembership, Membership
 from sessionmem_proxy.metrics import ProxyMetrics
 from sessionmem_proxy.params import RawRequest, parse
 from sessionmem_proxy.quotas import DefaultLimits, KubeAgentLimits, LimitSource, QuotaLimits, Quotas
+from sessionmem_proxy.rbac import AdminAuthorizer, DevAdminAuthorizer, KubeAdminAuthorizer
 from sessionmem_proxy.redaction import Redaction
 from sessionmem_proxy.replies import Reply, error_reply, internal_error_reply
 from sessionmem_proxy.routes import NotAllowedHere, Route, RouteTable
@@ -100,7 +99,7 @@ class ProxyApp:
 
     async def _serve(
         self,
-        route: Route,
+        route: Route[Any],
         path_values: Mapping[str, str],
         query: str,
         headers: dict[str, str],
@@ -113,7 +112,7 @@ class ProxyApp:
                 return await route.handler(self.ctx, values, None)
             uploader = await self._admit_upload(headers)
             if uploader is not None:
-                values[VERIFIED_IDENTITY] = uploader
+                values.verified = uploader  # a route with a body acts on one conversation
             meter = BodyMeter()
             try:
                 raw = await self.limits.read_body(
@@ -125,7 +124,7 @@ class ProxyApp:
                     raise InvalidRequest(_problems(exc)) from exc
                 return await route.handler(self.ctx, values, body)
             finally:
-                if uploader is not None and self.ctx.quotas is not None:
+                if uploader is not None:
                     # Charged once answered, so the body's own size never refuses it; the agent's next
                     # request finds its bucket in debt if this one took more than was left. Refused
                     # bodies (413, 408, 400) count too: what was read and dropped cost the same.
@@ -142,7 +141,7 @@ class ProxyApp:
         charge and for the operation to use without verifying it again; None when the caller is not (yet)
         known as an agent, whose request then fails in the route's own order."""
         quotas, authorization = self.ctx.quotas, headers.get("authorization")
-        if quotas is None or authorization is None:
+        if authorization is None:
             return None
         try:
             identity = await identify(self.ctx, authorization)
@@ -155,6 +154,14 @@ class ProxyApp:
         from sessionmem_proxy.openapi import document
 
         return document(self.table)
+
+
+def _openapi_document() -> bytes:
+    """The committed form of the proxy's OpenAPI document; its generator is imported on first use only
+    (a worker that is never asked for it does not load pydantic's JSON schema machinery)."""
+    from sessionmem_proxy.openapi import document_bytes
+
+    return document_bytes()
 
 
 def _typed(error: SessionMemError) -> Reply:
@@ -222,11 +229,12 @@ def create_app(
         settings=settings,
         store=store,
         authenticator=authenticator,
-        keys=KeyResolver(membership, keyring, limits),
+        keys=KeyResolver(membership, keyring),
         redaction=Redaction.from_json(settings.redact_patterns),
         tracer=MemoryTracer(tracer_provider or tracer_provider_from_env("sessionmem-proxy"), "proxy"),
         metrics=ProxyMetrics(),
         quotas=Quotas(limits, store.ledger),
+        openapi=_openapi_document,
         admin=admin,
     )
     return ProxyApp(ctx, RequestLimits(settings.limits), closers)

@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import SessionMemError
-from sessionmem_core.ids import validate_conversation_id
+from sessionmem_core.ids import ConversationId, parse_conversation_id
 from sessionmem_core.keys import Scope
 from sessionmem_infra.telemetry import MemorySpan, MemoryTracer
 from sessionmem_proxy.identity import AgentIdentity, Authenticator, bearer_token
 from sessionmem_proxy.keying import KeyResolver
 from sessionmem_proxy.metrics import ProxyMetrics
-from sessionmem_proxy.quotas import Quotas
-
-if TYPE_CHECKING:
-    from sessionmem_proxy.admin import AdminAuthorizer
+from sessionmem_proxy.quotas import QuotaLimits, Quotas
+from sessionmem_proxy.rbac import AdminAuthorizer
 from sessionmem_proxy.redaction import Redaction
 from sessionmem_proxy.store import ConversationStore
 
@@ -34,7 +31,9 @@ class ProxyContext:
     redaction: Redaction
     tracer: MemoryTracer
     metrics: ProxyMetrics
-    quotas: Quotas | None = None
+    quotas: Quotas
+    # The proxy's OpenAPI document (generated from the route table, on first use).
+    openapi: Callable[[], bytes]
     admin: AdminAuthorizer | None = None
 
 
@@ -51,15 +50,22 @@ def identify(ctx: ProxyContext, authorization: str | None) -> Awaitable[AgentIde
 
 @dataclass(slots=True)
 class Operation:
+    """What one admitted operation works with: its span, the verified caller, the conversation (its id
+    parsed once), the key built from both, the scope in effect and the caller's limits (which a write
+    hands the store)."""
+
     span: MemorySpan
     identity: AgentIdentity
+    conversation: ConversationId
     key: str
     scope: str
+    limits: QuotaLimits
 
 
 class conversation_operation:  # noqa: N801 - used like the function-style context manager it replaced
-    """One operation on one conversation, the same way for every route: its ``memory.<op>`` span and
-    metrics, the id checked, the caller verified, and the key resolved from the verified identity.
+    """The one admission step of an operation on one conversation, the same way for every route: its
+    ``memory.<op>`` span and metrics, the id parsed (once), the caller verified, the caller's limits
+    looked up (once), the key resolved from the verified identity, and the quotas admitted.
 
     ``async with conversation_operation(...) as operation``. A class rather than a generator-based context
     manager: it runs twice per agent turn, and the generator machinery cost more than the bookkeeping."""
@@ -92,16 +98,17 @@ class conversation_operation:  # noqa: N801 - used like the function-style conte
         self._span_cm = ctx.tracer.span(self._op, conversation_id, traceparent)
         span = self._span_cm.__enter__()
         try:
-            validate_conversation_id(conversation_id)
+            conversation = parse_conversation_id(conversation_id)
             identity = self._identity or await identify(ctx, authorization)
-            key, scope_used = await ctx.keys.resolve(identity, scope, conversation_id, capability)
-            if ctx.quotas is not None:
-                await ctx.quotas.admit(self._op, identity.owner, key)
+            owner = identity.owner
+            limits = await ctx.quotas.policy_of(owner)
+            key, scope_used = await ctx.keys.resolve(identity, scope, conversation, capability, limits.per_user)
+            await ctx.quotas.admit(self._op, owner, key, limits)
         except BaseException as exc:
             await self.__aexit__(type(exc), exc, exc.__traceback__)
             raise
         span.scope = scope_used
-        return Operation(span, identity, key, scope_used)
+        return Operation(span, identity, conversation, key, scope_used, limits)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -1,36 +1,27 @@
 """The two operations of every agent turn: reading the window and appending the exchange.
 
-Handlers take the proxy's context, the parameters the route table parsed (``sessionmem_proxy.params``)
+Handlers take the proxy's context, their typed parameters as the app parsed them (``sessionmem_proxy.params``)
 and the validated body, and return a reply (``sessionmem_proxy.replies``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import orjson
 from pydantic import BaseModel
 
 from sessionmem_core import wire
-from sessionmem_proxy.context import VERIFIED_IDENTITY, ProxyContext, conversation_operation
+from sessionmem_proxy.context import ProxyContext, conversation_operation
+from sessionmem_proxy.params import AppendParams, OnConversation, ReadParams
 from sessionmem_proxy.replies import Reply, memory_reply
 from sessionmem_proxy.store import EntryToStore, NewEntry
 
-Params = dict[str, Any]
 
-
-def operation(ctx: ProxyContext, op: str, p: Params) -> conversation_operation:
+def operation(ctx: ProxyContext, op: str, p: OnConversation) -> conversation_operation:
     """The operation on the conversation a request names, from the parameters every such route takes."""
     return conversation_operation(
-        ctx,
-        op,
-        p["conversation_id"],
-        p["scope"],
-        p["authorization"],
-        p["capability"],
-        p["traceparent"],
-        p.get(VERIFIED_IDENTITY),
+        ctx, op, p.conversation_id, p.scope, p.authorization, p.capability, p.traceparent, p.verified
     )
 
 
@@ -43,17 +34,17 @@ async def new_entries(ctx: ProxyContext, entries: Sequence[wire.EntryIn], redact
     return [NewEntry(role=e.role.value, content=c, id=e.id) for e, c in zip(entries, contents, strict=True)]
 
 
-async def read_entries(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Reply:
+async def read_entries(ctx: ProxyContext, p: ReadParams, _: BaseModel | None) -> Reply:
     async with operation(ctx, "get", p) as op:
-        limit = p["limit"]
+        limit = p.limit
         store = ctx.store
-        result = await (store.read_with_summary(op.key, limit) if p["summary"] else store.read(op.key, limit))
+        result = await (store.read_with_summary(op.key, limit) if p.summary else store.read(op.key, limit))
         op.span.entries, op.span.version = len(result.raw_entries), result.version
         summary_part = (b',"summary":' + result.raw_summary) if result.raw_summary else b""
         body = b"".join(
             (
                 b'{"conversationId":',
-                orjson.dumps(p["conversation_id"]),
+                orjson.dumps(op.conversation),
                 b',"scope":"',
                 op.scope.encode(),
                 b'","version":',
@@ -64,20 +55,20 @@ async def read_entries(ctx: ProxyContext, p: Params, _: BaseModel | None) -> Rep
                 b"}",
             )
         )
-        if ctx.quotas is not None:
-            ctx.quotas.charge(op.identity.owner, len(body))
+        ctx.quotas.charge(op.identity.owner, len(body))
         return memory_reply(body, op.scope, len(result.raw_entries), result.version)
 
 
-async def append_entries(ctx: ProxyContext, p: Params, body: BaseModel | None) -> Reply:
+async def append_entries(ctx: ProxyContext, p: AppendParams, body: BaseModel | None) -> Reply:
     assert isinstance(body, wire.AppendRequest)  # the route table validated it
     async with operation(ctx, "append", p) as op:
         result = await ctx.store.append(
             op.key,
-            await new_entries(ctx, body.entries, p["redact"]),
+            await new_entries(ctx, body.entries, p.redact),
             author=op.identity.owner.author,
-            cap=p["cap"],
-            ttl_seconds=p["ttl_seconds"],
+            cap=p.cap,
+            ttl_seconds=p.ttl_seconds,
+            quota=op.limits,
         )
         op.span.entries, op.span.version = result.stored, result.version
         duplicate = b"true" if result.duplicate else b"false"

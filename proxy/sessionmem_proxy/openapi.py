@@ -1,5 +1,6 @@
-"""The proxy's OpenAPI document, generated from the route table (``sessionmem_proxy.routes``): the same
-parameter declarations that parse requests, the wire models, and exactly the statuses each route answers.
+"""The proxy's OpenAPI document, generated from the route table (``sessionmem_proxy.routes``) by the one
+generator (``sessionmem_core.openapi``): the same parameter declarations that parse requests, the wire
+models, and exactly the statuses each route answers.
 
 The generated document is committed (docs/openapi/proxy.json) and a test checks it is current;
 ``python -m sessionmem_proxy.openapi --write`` (or ``make openapi``) regenerates it.
@@ -14,15 +15,10 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-import orjson
-from pydantic import BaseModel
-from pydantic.json_schema import JsonSchemaMode, models_json_schema
-
-from sessionmem_core import wire
+from sessionmem_core import api, openapi
 from sessionmem_proxy.routes import Route, RouteTable
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "openapi" / "proxy.json"
-_REF = "#/components/schemas/{model}"
 _ERROR_TEXT = {
     400: "A refused parameter, conversation id or body",
     401: "Missing, invalid or expired token",
@@ -36,82 +32,39 @@ _ERROR_TEXT = {
 }
 
 
-def _models(table: RouteTable) -> list[tuple[type[BaseModel], JsonSchemaMode]]:
-    """Every model the table names: requests as they are validated, responses as they are written."""
-    found: dict[str, tuple[type[BaseModel], JsonSchemaMode]] = {"ErrorResponse": (wire.ErrorResponse, "serialization")}
-    for route in table.routes:
-        if route.request is not None:
-            found[route.request.__name__] = (route.request, "validation")
-        if route.response is not None:
-            found[route.response.__name__] = (route.response, "serialization")
-    return [found[name] for name in sorted(found)]
-
-
-def _operation(route: Route) -> dict[str, Any]:
-    parameters = []
-    for param in route.params:
-        if not param.documented:
-            continue
-        entry: dict[str, Any] = {
-            "name": param.name,
-            "in": param.location,
-            "required": param.required or param.location == "path",
-            "schema": dict(param.schema),
-        }
-        if param.description:
-            entry["description"] = param.description
-        parameters.append(entry)
-    responses: dict[str, Any] = {}
-    for status in sorted(route.all_statuses):
-        if status == 200:
-            if route.response is not None:
-                content = {route.content_type: {"schema": {"$ref": _REF.format(model=route.response.__name__)}}}
-            else:
-                content = {
-                    route.content_type: {"schema": {"type": "object" if "json" in route.content_type else "string"}}
-                }
-            responses["200"] = {"description": "OK", "content": content}
-        else:
-            responses[str(status)] = {
-                "description": _ERROR_TEXT.get(status, HTTPStatus(status).phrase),
-                "content": {"application/json": {"schema": {"$ref": _REF.format(model="ErrorResponse")}}},
-            }
-    operation: dict[str, Any] = {
-        "operationId": route.op,
-        "summary": route.summary,
-        "tags": [route.tag],
-        "parameters": parameters,
-        "responses": responses,
-    }
-    if route.request is not None:
-        operation["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": _REF.format(model=route.request.__name__)}}},
-        }
-    return operation
+def _operation(route: Route[Any]) -> openapi.Operation:
+    parameters = [
+        api.Parameter(param.name, param.location, param.schema, param.description, param.required)
+        for param in route.declared_params
+        if param.documented
+    ]
+    errors = {status: _ERROR_TEXT.get(status, HTTPStatus(status).phrase) for status in route.all_statuses - {200}}
+    return openapi.Operation(
+        route.op,
+        route.method,
+        route.path,
+        route.summary,
+        route.tag,
+        parameters,
+        route.response,
+        errors,
+        route.request,
+        route.content_type,
+    )
 
 
 def document(table: RouteTable | None = None) -> dict[str, Any]:
     table = table or RouteTable()
-    paths: dict[str, dict[str, Any]] = {}
-    for route in table.routes:
-        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)
-    _, schemas = models_json_schema(_models(table), ref_template=_REF)
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "sessionmem state-layer proxy",
-            "version": "1",
-            "description": "Conversation memory for agents: authenticated, keyed server-side, stored in Valkey.",
-        },
-        "paths": paths,
-        "components": {"schemas": schemas.get("$defs", {})},
-    }
+    return openapi.document(
+        "sessionmem state-layer proxy",
+        "Conversation memory for agents: authenticated, keyed server-side, stored in Valkey.",
+        [_operation(route) for route in table.routes],
+    )
 
 
 @cache
 def document_bytes() -> bytes:
-    return orjson.dumps(document(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+    return openapi.render(document())
 
 
 def main(argv: list[str] | None = None) -> int:

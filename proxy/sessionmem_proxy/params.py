@@ -1,18 +1,23 @@
 """Request parameters, each declared once: its wire name, where it travels, its bounds and description.
 The same declaration parses a request (typed 400 naming the parameter) and describes it in the OpenAPI
-document (``sessionmem_proxy.openapi``), so the two cannot drift apart."""
+document (``sessionmem_proxy.openapi``), so the two cannot drift apart.
+
+Each route's handler gets its parameters as one typed object (a ``Params`` class below: its fields are
+its ``PARAMS``' keys, in order, checked when the class is declared), so mypy checks every handler's use
+of them; the request is parsed once, in the app, into that object."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from sessionmem_core import api, env
 from sessionmem_core.errors import InvalidRequest
 from sessionmem_core.keys import Scope
+from sessionmem_proxy.identity import AgentIdentity
 
 Location = Literal["path", "query", "header"]
 _TRUE = frozenset({"true", "1", "yes", "on"})
@@ -109,15 +114,39 @@ def _identity(raw: str) -> str:
     return raw  # validated by the operation itself (sessionmem_core.ids), inside its span
 
 
+def from_contract(op: str, name: str, key: str | None = None) -> Param:
+    """The parser of a parameter a memory operation declares in the contract (``api.MEMORY_OPERATIONS``),
+    with the bounds, default and description declared there; ``key``: the name a handler reads it under
+    (its wire name unless given)."""
+    (spec,) = [p for p in api.MEMORY_OPERATION[op].params if p.name == name]
+    key, schema = key or name, spec.schema
+    if spec.location == "header":
+        return header(key, spec.name, spec.description)
+    if schema["type"] == "integer":
+        return integer(key, spec.name, schema["default"], schema["minimum"], schema["maximum"], spec.description)
+    if schema["type"] == "boolean":
+        return boolean(key, schema["default"], spec.description)
+    pattern = schema.get("pattern")
+    return text(
+        key,
+        spec.name,
+        default=schema.get("default"),
+        min_length=schema.get("minLength", 0),
+        max_length=schema.get("maxLength", 1024),
+        pattern=pattern.removeprefix("^").removesuffix("$") if pattern else None,
+        description=spec.description,
+    )
+
+
 # --- the parameters the routes share ---
 CONVERSATION_ID = Param(
     "conversation_id",
-    "conversationId",
+    api.CONVERSATION_ID.name,
     "path",
-    {"type": "string", "minLength": 1, "maxLength": 128},
+    api.CONVERSATION_ID.schema,
     _identity,
     required=True,
-    description="Conversation id (sessionmem_core.ids): percent-encoded UTF-8; NFC and NFD forms are two ids",
+    description=api.CONVERSATION_ID.description,
 )
 SCOPE = choice(
     "scope", api.SCOPE_PARAM, Scope, Scope.SESSION, "Requested scope; shared applies only to verified registry members"
@@ -133,17 +162,15 @@ REDACT = text(
     max_length=256,
     description="Comma-separated redactors applied before storing (email, phone, card, or configured)",
 )
-READ_LIMIT = integer(
-    "limit", api.LIMIT_PARAM, env.DEFAULT_REPLAY_MESSAGES, 0, env.MAX_READ_LIMIT, "How many of the newest entries"
-)
+READ_LIMIT = from_contract("get", api.LIMIT_PARAM)
 EXPORT_OFFSET = integer(
     "offset", api.OFFSET_PARAM, 0, 0, 1 << 31, "Where this export page starts (the nextOffset of the page before)"
 )
-SUMMARY = boolean("summary", False, "Also return the rolling summary of older turns")
+SUMMARY = from_contract("get", "summary")
 AUTHORIZATION = header("authorization", "authorization", "Bearer token of the calling agent")
 CAPABILITY = header("capability", api.USER_CAPABILITY_HEADER, "The end user's signed run capability (perUser)")
 TRACEPARENT = header("traceparent", api.TRACEPARENT_HEADER, documented=False)
-IF_MATCH = header("if_match", "if-match", "Expected version (as returned by a read); '*' or absent: any")
+IF_MATCH = from_contract("replace", "if-match", "if_match")
 
 CALLER = (AUTHORIZATION, TRACEPARENT)
 NAMESPACE = Param(
@@ -184,9 +211,19 @@ class RawRequest:
     headers: Mapping[str, str]
 
 
-def parse(params: Sequence[Param], request: RawRequest) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for param in params:
+class Params(Protocol):
+    """A route's parameter set: the declarations it is parsed from (``PARAMS``), one field per key."""
+
+    PARAMS: ClassVar[tuple[Param, ...]]
+
+
+P = TypeVar("P", bound=Params)
+
+
+def parse(kind: type[P], request: RawRequest) -> P:
+    """The request's parameters as ``kind``, each parsed by its declaration (typed 400 otherwise)."""
+    values: list[Any] = []
+    for param in kind.PARAMS:
         if param.location == "path":
             raw = request.path_values.get(param.name)
         elif param.location == "query":
@@ -194,5 +231,301 @@ def parse(params: Sequence[Param], request: RawRequest) -> dict[str, Any]:
         else:
             raw = request.headers.get(param.name)
         # Most optional parameters are absent from most requests: their default without a call.
-        values[param.key] = param.default if raw is None and not param.required else param.value(raw)
-    return values
+        values.append(param.default if raw is None and not param.required else param.value(raw))
+    return kind(*values)
+
+
+C = TypeVar("C")
+
+
+def declared(cls: C) -> C:
+    """Check, once, that a parameter set's fields are its ``PARAMS``' keys in order (besides fields with a
+    default, which the app sets itself): the declaration and the class cannot drift apart."""
+    keys = [param.key for param in cls.PARAMS]  # type: ignore[attr-defined]
+    parsed = [f.name for f in fields(cls)][: len(keys)]  # type: ignore[arg-type]
+    if parsed != keys:
+        raise TypeError(f"{cls.__name__} fields {parsed} are not its PARAMS {keys}")  # type: ignore[attr-defined]
+    return cls
+
+
+# --- the parameter sets of the routes ---
+
+LIST_LIMIT = from_contract("list", api.LIMIT_PARAM)
+CURSOR = from_contract("list", "cursor")
+SEARCH_Q = from_contract("search", "q")
+SEARCH_LIMIT = from_contract("search", api.LIMIT_PARAM)
+CONFIRM = from_contract("clear", "confirm")
+# An administrator's reads: an end user's bucket named by the user (or by the bucket a listing showed).
+ADMIN_USER = replace(
+    text("user", api.ADMIN_USER_QUERY, max_length=256, description="Only this end user's bucket"),
+    required=False,
+)
+ADMIN_BUCKET = replace(
+    text(
+        "bucket", api.ADMIN_BUCKET_QUERY, min_length=32, max_length=32, pattern="[0-9a-f]{32}",
+        description="Only this user bucket (as a listing shows it)",
+    ),
+    required=False,
+)  # fmt: skip
+ADMIN_CONVERSATION = replace(
+    text("conversation", api.ADMIN_CONVERSATION_QUERY, max_length=128, description="Only this conversation"),
+    required=False,
+)
+ADMIN_EXPORTED = text(
+    "conversation", api.ADMIN_CONVERSATION_QUERY, max_length=128, description="The conversation to export"
+)
+ADMIN_LIST_LIMIT = integer("limit", "limit", 50, 1, 200, "Page size hint (Valkey SCAN)")
+ADMIN_LAST = integer("last", api.ADMIN_LAST_QUERY, env.DEFAULT_CAP, 1, env.MAX_CAP, "How many of the newest entries")
+ADMIN_SPACE = (*ADMIN, ADMIN_USER, ADMIN_BUCKET)
+
+
+@declared
+@dataclass(slots=True)
+class NoParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = ()
+
+
+@declared
+@dataclass(slots=True)
+class ConversationParams:
+    """An operation on one conversation (info, delete); ``verified``: the caller, when the app verified it
+    before reading the body (the operation then does not verify the same token again)."""
+
+    PARAMS: ClassVar[tuple[Param, ...]] = CONVERSATION
+    conversation_id: str
+    scope: Scope
+    authorization: str | None
+    traceparent: str | None
+    capability: str | None
+    verified: AgentIdentity | None = None
+
+
+@declared
+@dataclass(slots=True)
+class ReadParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, READ_LIMIT, SUMMARY)
+    conversation_id: str
+    scope: Scope
+    authorization: str | None
+    traceparent: str | None
+    capability: str | None
+    limit: int
+    summary: bool
+    verified: AgentIdentity | None = None
+
+
+@declared
+@dataclass(slots=True)
+class AppendParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, *WRITE)
+    conversation_id: str
+    scope: Scope
+    authorization: str | None
+    traceparent: str | None
+    capability: str | None
+    cap: int
+    ttl_seconds: int
+    redact: str
+    verified: AgentIdentity | None = None
+
+
+@declared
+@dataclass(slots=True)
+class ReplaceParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, *WRITE, IF_MATCH)
+    conversation_id: str
+    scope: Scope
+    authorization: str | None
+    traceparent: str | None
+    capability: str | None
+    cap: int
+    ttl_seconds: int
+    redact: str
+    if_match: str | None
+    verified: AgentIdentity | None = None
+
+
+@declared
+@dataclass(slots=True)
+class SearchParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, SEARCH_Q, SEARCH_LIMIT)
+    conversation_id: str
+    scope: Scope
+    authorization: str | None
+    traceparent: str | None
+    capability: str | None
+    q: str
+    limit: int
+    verified: AgentIdentity | None = None
+
+
+@declared
+@dataclass(slots=True)
+class ExportParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, EXPORT_OFFSET)
+    conversation_id: str
+    scope: Scope
+    authorization: str | None
+    traceparent: str | None
+    capability: str | None
+    offset: int
+    verified: AgentIdentity | None = None
+
+
+class OnConversation(Protocol):
+    """What every operation on one conversation takes (``context.conversation_operation``)."""
+
+    @property
+    def conversation_id(self) -> str: ...
+    @property
+    def scope(self) -> Scope: ...
+    @property
+    def authorization(self) -> str | None: ...
+    @property
+    def traceparent(self) -> str | None: ...
+    @property
+    def capability(self) -> str | None: ...
+    @property
+    def verified(self) -> AgentIdentity | None: ...
+
+
+@declared
+@dataclass(slots=True)
+class ListParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (LIST_LIMIT, CURSOR, SCOPE, *CALLER, CAPABILITY)
+    limit: int
+    cursor: str
+    scope: Scope
+    authorization: str | None
+    traceparent: str | None
+    capability: str | None
+
+
+@declared
+@dataclass(slots=True)
+class ClearParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (CONFIRM, *CALLER)
+    confirm: bool
+    authorization: str | None
+    traceparent: str | None
+
+
+@declared
+@dataclass(slots=True)
+class EraseUserParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CALLER, CAPABILITY)
+    authorization: str | None
+    traceparent: str | None
+    capability: str | None
+
+
+@declared
+@dataclass(slots=True)
+class AdminParams:
+    """An administrator's operation on one agent's memory."""
+
+    PARAMS: ClassVar[tuple[Param, ...]] = ADMIN
+    namespace: str
+    agent: str
+    authorization: str | None
+    traceparent: str | None
+
+
+@declared
+@dataclass(slots=True)
+class AdminUserParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN, USER)
+    namespace: str
+    agent: str
+    authorization: str | None
+    traceparent: str | None
+    user: str
+
+
+@declared
+@dataclass(slots=True)
+class AdminNamespaceUserParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (NAMESPACE, USER, ADMIN_AUTHORIZATION, TRACEPARENT)
+    namespace: str
+    user: str
+    authorization: str | None
+    traceparent: str | None
+
+
+@declared
+@dataclass(slots=True)
+class AdminRegistryParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (REGISTRY, ADMIN_AUTHORIZATION, TRACEPARENT)
+    registry: str
+    authorization: str | None
+    traceparent: str | None
+
+
+@declared
+@dataclass(slots=True)
+class AdminListParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN_SPACE, ADMIN_LIST_LIMIT, CURSOR)
+    namespace: str
+    agent: str
+    authorization: str | None
+    traceparent: str | None
+    user: str | None
+    bucket: str | None
+    limit: int
+    cursor: str
+
+
+@declared
+@dataclass(slots=True)
+class AdminShowParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN_SPACE, CONVERSATION_ID, ADMIN_LAST)
+    namespace: str
+    agent: str
+    authorization: str | None
+    traceparent: str | None
+    user: str | None
+    bucket: str | None
+    conversation_id: str
+    last: int
+
+
+@declared
+@dataclass(slots=True)
+class AdminConversationParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN_SPACE, CONVERSATION_ID)
+    namespace: str
+    agent: str
+    authorization: str | None
+    traceparent: str | None
+    user: str | None
+    bucket: str | None
+    conversation_id: str
+
+
+@declared
+@dataclass(slots=True)
+class AdminExportParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN_SPACE, ADMIN_EXPORTED, EXPORT_OFFSET)
+    namespace: str
+    agent: str
+    authorization: str | None
+    traceparent: str | None
+    user: str | None
+    bucket: str | None
+    conversation: str
+    offset: int
+
+
+class AdminSpace(Protocol):
+    """What names the space an administrator works in: an agent, and maybe one user's bucket in it."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def agent(self) -> str: ...
+    @property
+    def authorization(self) -> str | None: ...
+    @property
+    def user(self) -> str | None: ...
+    @property
+    def bucket(self) -> str | None: ...

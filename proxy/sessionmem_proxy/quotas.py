@@ -45,7 +45,7 @@ from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import RateLimited
 from sessionmem_core.keys import Owner
 from sessionmem_proxy.buckets import TokenBucket
-from sessionmem_proxy.store import WRITE_LIMITS, StorageLimits, UsageLedger, refusal
+from sessionmem_proxy.store import UsageLedger, refusal
 
 # Operations that store something, and so are checked against the storage quota.
 WRITES = frozenset({"append", "replace"})
@@ -208,8 +208,12 @@ class Quotas:
     async def policy_of(self, owner: Owner) -> QuotaLimits:
         return self._limits.cached(owner) or await self._limits.limits_of(owner)
 
-    async def admit(self, op: str, owner: Owner, key: str) -> None:
-        limits = self._limits.cached(owner) or await self._limits.limits_of(owner)
+    async def admit(self, op: str, owner: Owner, key: str, limits: QuotaLimits | None = None) -> QuotaLimits:
+        """Admit one operation of ``owner`` on ``key`` (429, 507 otherwise), and return the agent's limits,
+        which a write then hands the store (``store.ConversationStore.append``). ``limits``: the agent's
+        limits when the caller already looked them up (``policy_of``)."""
+        if limits is None:
+            limits = self._limits.cached(owner) or await self._limits.limits_of(owner)
         now = self._clock()
         self._take_token(owner, limits, now)
         if op in PACED:
@@ -218,6 +222,7 @@ class Quotas:
             self._check_transfer(owner, limits, now)
         if op in WRITES and self._ledger is not None:
             await self._check_storage(limits, key)
+        return limits
 
     async def admit_upload(self, owner: Owner) -> None:
         """Before a body is read: refused (429) while the agent's transfer bucket is in debt."""
@@ -295,9 +300,7 @@ class Quotas:
         ledger = self._ledger
         assert ledger is not None
         if ledger.atomic:
-            # The store checks, writes and accounts in one script: hand it the limits.
-            WRITE_LIMITS.set(StorageLimits(key, limits.max_conversations, limits.max_bytes))
-            return
+            return  # the store checks, writes and accounts in one script, with the limits the write hands it
         usage = await ledger.reserve(key, limits.max_conversations, limits.max_bytes)
         if usage.verdict:
             raise refusal(usage.verdict, limits.max_conversations, limits.max_bytes)

@@ -10,20 +10,20 @@ of a ``%2F`` and the U+FFFD granian puts where escapes were not UTF-8.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic
 
 from pydantic import BaseModel
 
-from sessionmem_core import api, env, wire
+from sessionmem_core import api, wire
 from sessionmem_core.errors import MethodNotAllowed, NotFound
-from sessionmem_proxy import admin, hot, lifecycle, params
+from sessionmem_proxy import admin, hot, lifecycle, params, rbac
 from sessionmem_proxy.context import ProxyContext
-from sessionmem_proxy.params import Param
+from sessionmem_proxy.params import P, Param
 from sessionmem_proxy.replies import Reply, json_reply, text_reply
 from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
 
-Handler = Callable[[ProxyContext, dict[str, Any], BaseModel | None], Awaitable[Reply]]
+Handler = Callable[[ProxyContext, P, BaseModel | None], Awaitable[Reply]]
 
 # Statuses any request may get from the serving limits (sessionmem_infra.serving, docs/limits.md): a header
 # value that is not visible ASCII, a URL or a head over its limit; and a counted route, from a worker
@@ -40,12 +40,14 @@ BODY_STATUSES = frozenset({400, 408, 413})
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
+class Route(Generic[P]):
+    """``params``: the typed parameter set the app parses the request into and hands ``handler``."""
+
     op: str
     method: str
     path: str
-    params: tuple[Param, ...]
-    handler: Handler
+    params: type[P]
+    handler: Handler[P]
     response: type[BaseModel] | None
     statuses: frozenset[int]
     summary: str
@@ -57,77 +59,94 @@ class Route:
     counted: bool = True
 
     @property
+    def declared_params(self) -> tuple[Param, ...]:
+        return self.params.PARAMS
+
+    @property
     def all_statuses(self) -> frozenset[int]:
         overload = {OVERLOADED_STATUS} if self.counted else set()
         return self.statuses | SERVING_STATUSES | overload | {200}
 
 
-async def _healthz(_ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
+async def _healthz(_ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None) -> Reply:
     return json_reply(b'{"status":"ok"}')
 
 
-async def _readyz(ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
+async def _readyz(ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None) -> Reply:
     await ctx.store.ping()
     return json_reply(b'{"status":"ready"}')
 
 
-async def _metrics(ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
+async def _metrics(ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None) -> Reply:
     reviews: dict[str, Mapping[str, int]] = {}
     if isinstance(ctx.authenticator, TokenReviewAuthenticator):
         reviews["agent"] = ctx.authenticator.reviews
-    if isinstance(ctx.admin, admin.KubeAdminAuthorizer):
+    if isinstance(ctx.admin, rbac.KubeAdminAuthorizer):
         reviews["admin"] = ctx.admin.reviews
     return text_reply(ctx.metrics.render(reviews).encode(), "text/plain; version=0.0.4")
 
 
-async def _openapi(_ctx: ProxyContext, _p: dict[str, Any], _b: BaseModel | None) -> Reply:
-    from sessionmem_proxy.openapi import document_bytes  # the document is built from this table
-
-    return json_reply(document_bytes())
+async def _openapi(ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None) -> Reply:
+    return json_reply(ctx.openapi())
 
 
-_ID = "{conversationId}"
-_ONE = f"{api.API_PREFIX}/conversations/{_ID}"
-_LIST_LIMIT = params.integer(
-    "limit", "limit", 50, 1, 500, "Page size hint (Valkey SCAN): a page may hold more or fewer"
-)
-_CURSOR = params.text("cursor", "cursor", default="0", min_length=1, max_length=20, pattern="[0-9]{1,20}")
-_SEARCH_Q = params.text("q", "q", min_length=1, max_length=1024, description="Words to look for")
-_SEARCH_LIMIT = params.integer("limit", "limit", 10, 1, 100, "At most this many matches")
-_CONFIRM = params.boolean("confirm", False, "Must be true: this erases every private conversation")
-# An administrator's reads: an end user's bucket named by the user (or by the bucket a listing showed).
-_ADMIN_USER = replace(
-    params.text("user", api.ADMIN_USER_QUERY, max_length=256, description="Only this end user's bucket"),
-    required=False,
-)
-_ADMIN_BUCKET = replace(
-    params.text(
-        "bucket", api.ADMIN_BUCKET_QUERY, min_length=32, max_length=32, pattern="[0-9a-f]{32}",
-        description="Only this user bucket (as a listing shows it)",
+def _model(name: str | None) -> type[BaseModel] | None:
+    model = None if name is None else getattr(wire, name)
+    assert model is None or issubclass(model, BaseModel), name
+    return model
+
+
+def _memory(
+    op: str, kind: type[P], handler: Handler[P], statuses: frozenset[int], tag: str = "memory", detail: str = ""
+) -> Route[P]:
+    """The route of a memory operation as the contract declares it (``api.MEMORY_OPERATIONS``), served by
+    ``handler`` with the parameter set ``kind``; ``detail`` adds to the declared summary what is the
+    proxy's own."""
+    declared = api.MEMORY_OPERATION[op]
+    return Route(
+        op,
+        declared.method,
+        declared.path,
+        kind,
+        handler,
+        _model(declared.response),
+        statuses,
+        declared.summary + detail,
+        tag,
+        request=_model(declared.request),
+    )
+
+
+_ONE = api.CONVERSATION_PATH_TEMPLATE
+ROUTES = (  # no annotation: each route is checked against its own handler
+    Route(
+        "healthz",
+        "GET",
+        "/healthz",
+        params.NoParams,
+        _healthz,
+        wire.Health,
+        frozenset(),
+        "Liveness",
+        "health",
+        counted=False,
     ),
-    required=False,
-)  # fmt: skip
-_ADMIN_CONVERSATION = replace(
-    params.text("conversation", api.ADMIN_CONVERSATION_QUERY, max_length=128, description="Only this conversation"),
-    required=False,
-)
-_ADMIN_EXPORTED = params.text(
-    "conversation", api.ADMIN_CONVERSATION_QUERY, max_length=128, description="The conversation to export"
-)
-_ADMIN_LIST_LIMIT = params.integer("limit", "limit", 50, 1, 200, "Page size hint (Valkey SCAN)")
-_ADMIN_LAST = params.integer(
-    "last", api.ADMIN_LAST_QUERY, env.DEFAULT_CAP, 1, env.MAX_CAP, "How many of the newest entries"
-)
-_ADMIN_SPACE = (*params.ADMIN, _ADMIN_USER, _ADMIN_BUCKET)
-
-ROUTES: tuple[Route, ...] = (
-    Route("healthz", "GET", "/healthz", (), _healthz, wire.Health, frozenset(), "Liveness", "health", counted=False),
-    Route("readyz", "GET", "/readyz", (), _readyz, wire.Health, frozenset({503}), "Readiness (Valkey)", "health"),
+    Route(
+        "readyz",
+        "GET",
+        "/readyz",
+        params.NoParams,
+        _readyz,
+        wire.Health,
+        frozenset({503}),
+        "Readiness (Valkey)",
+        "health",
+    ),
     Route(
         "metrics",
         "GET",
         "/metrics",
-        (),
+        params.NoParams,
         _metrics,
         None,
         frozenset(),
@@ -135,113 +154,31 @@ ROUTES: tuple[Route, ...] = (
         "health",
         content_type="text/plain",
     ),
-    Route("openapi", "GET", "/openapi.json", (), _openapi, None, frozenset(), "This document", "health"),
-    Route(
-        "get",
-        "GET",
-        f"{_ONE}/entries",
-        (*params.CONVERSATION, params.READ_LIMIT, params.SUMMARY),
-        hot.read_entries,
-        wire.History,
-        CALLER_STATUSES,
-        "Read the last entries of a conversation",
-        "memory",
-    ),
-    Route(
-        "append",
-        "POST",
-        f"{_ONE}/entries",
-        (*params.CONVERSATION, *params.WRITE),
-        hot.append_entries,
-        wire.AppendResponse,
-        CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES,
-        "Append a batch (normally one user/assistant exchange) atomically",
-        "memory",
-        request=wire.AppendRequest,
-    ),
-    Route(
-        "search",
-        "GET",
-        f"{_ONE}/search",
-        (*params.CONVERSATION, _SEARCH_Q, _SEARCH_LIMIT),
-        lifecycle.search,
-        wire.SearchResponse,
-        CALLER_STATUSES,
-        "Keyword search within one conversation",
-        "memory",
-    ),
-    Route(
+    Route("openapi", "GET", "/openapi.json", params.NoParams, _openapi, None, frozenset(), "This document", "health"),
+    # The memory operations: method, path, summary and models as the contract declares them.
+    _memory("get", params.ReadParams, hot.read_entries, CALLER_STATUSES, "memory"),
+    _memory("append", params.AppendParams, hot.append_entries, CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES),
+    _memory("search", params.SearchParams, lifecycle.search, CALLER_STATUSES, "memory"),
+    _memory(
         "export",
-        "GET",
-        f"{_ONE}/export",
-        (*params.CONVERSATION, params.EXPORT_OFFSET),
+        params.ExportParams,
         lifecycle.export,
-        wire.History,
         CALLER_STATUSES,
-        "Export a conversation, one page of about 1 MiB at a time (nextOffset: where the next starts)",
         "lifecycle",
+        ", one page of about 1 MiB at a time (nextOffset: where the next starts)",
     ),
-    Route(
-        "info",
-        "GET",
-        _ONE,
-        params.CONVERSATION,
-        lifecycle.info,
-        wire.ConversationInfo,
-        CALLER_STATUSES,
-        "Whether a conversation exists, its version, size and remaining TTL",
-        "lifecycle",
+    _memory("info", params.ConversationParams, lifecycle.info, CALLER_STATUSES, "lifecycle"),
+    _memory(
+        "replace", params.ReplaceParams, lifecycle.replace, CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {412}
     ),
-    Route(
-        "replace",
-        "PUT",
-        _ONE,
-        (*params.CONVERSATION, *params.WRITE, params.IF_MATCH),
-        lifecycle.replace,
-        wire.ReplaceResponse,
-        CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {412},
-        "Replace (seed) a conversation, conditional on its version",
-        "memory",
-        request=wire.ReplaceRequest,
-    ),
-    Route(
-        "delete",
-        "DELETE",
-        _ONE,
-        params.CONVERSATION,
-        lifecycle.delete,
-        wire.DeleteResponse,
-        CALLER_STATUSES,
-        "Erase a conversation",
-        "memory",
-    ),
-    Route(
-        "list",
-        "GET",
-        api.CONVERSATIONS_PATH,
-        (_LIST_LIMIT, _CURSOR, params.SCOPE, *params.CALLER, params.CAPABILITY),
-        lifecycle.list_conversations,
-        wire.ConversationList,
-        CALLER_STATUSES,
-        "List the caller's conversations (paginated)",
-        "lifecycle",
-    ),
-    Route(
-        "clear",
-        "DELETE",
-        api.CONVERSATIONS_PATH,
-        (_CONFIRM, *params.CALLER),
-        lifecycle.clear_all,
-        None,
-        CALLER_STATUSES,
-        "Refused to every agent (403): erasing all of an agent's memory is an administrator's operation",
-        "lifecycle",
-    ),
+    _memory("delete", params.ConversationParams, lifecycle.delete, CALLER_STATUSES, "memory"),
+    _memory("list", params.ListParams, lifecycle.list_conversations, CALLER_STATUSES, "lifecycle"),
+    _memory("clear", params.ClearParams, lifecycle.clear_all, CALLER_STATUSES, "lifecycle"),
     Route(
         "admin_erase_agent",
         "DELETE",
         api.ADMIN_AGENT_MEMORY_PATH,
-        params.ADMIN,
+        params.AdminParams,
         admin.erase_agent_memory,
         wire.ErasureReceipt,
         CALLER_STATUSES,
@@ -252,7 +189,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_erase_user",
         "DELETE",
         api.ADMIN_USER_MEMORY_PATH,
-        (*params.ADMIN, params.USER),
+        params.AdminUserParams,
         admin.erase_user_memory,
         wire.ErasureReceipt,
         CALLER_STATUSES,
@@ -263,7 +200,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_erase_user_everywhere",
         "DELETE",
         api.ADMIN_NAMESPACE_USER_MEMORY_PATH,
-        (params.NAMESPACE, params.USER, params.ADMIN_AUTHORIZATION, params.TRACEPARENT),
+        params.AdminNamespaceUserParams,
         admin.erase_user_everywhere,
         wire.ErasureReceipt,
         CALLER_STATUSES,
@@ -274,7 +211,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_erase_registry",
         "DELETE",
         api.ADMIN_REGISTRY_MEMORY_PATH,
-        (params.REGISTRY, params.ADMIN_AUTHORIZATION, params.TRACEPARENT),
+        params.AdminRegistryParams,
         admin.erase_registry_memory,
         wire.ErasureReceipt,
         CALLER_STATUSES,
@@ -285,7 +222,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_conversations",
         "GET",
         api.ADMIN_CONVERSATIONS_PATH,
-        (*_ADMIN_SPACE, _ADMIN_LIST_LIMIT, _CURSOR),
+        params.AdminListParams,
         admin.list_agent_conversations,
         wire.AdminConversationList,
         CALLER_STATUSES,
@@ -296,7 +233,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_show",
         "GET",
         api.ADMIN_CONVERSATION_PATH,
-        (*_ADMIN_SPACE, params.CONVERSATION_ID, _ADMIN_LAST),
+        params.AdminShowParams,
         admin.show_conversation,
         wire.Transcript,
         CALLER_STATUSES | {404},
@@ -307,7 +244,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_erase_conversation",
         "DELETE",
         api.ADMIN_CONVERSATION_PATH,
-        (*_ADMIN_SPACE, params.CONVERSATION_ID),
+        params.AdminConversationParams,
         admin.erase_conversation,
         wire.ErasureReceipt,
         CALLER_STATUSES,
@@ -318,7 +255,7 @@ ROUTES: tuple[Route, ...] = (
         "admin_export",
         "GET",
         api.ADMIN_EXPORT_PATH,
-        (*_ADMIN_SPACE, _ADMIN_EXPORTED, params.EXPORT_OFFSET),
+        params.AdminExportParams,
         admin.export_conversation,
         None,
         CALLER_STATUSES | {404},
@@ -331,24 +268,14 @@ ROUTES: tuple[Route, ...] = (
         "admin_stats",
         "GET",
         api.ADMIN_STATS_PATH,
-        params.ADMIN,
+        params.AdminParams,
         admin.agent_memory_stats,
         wire.AgentMemoryStats,
         CALLER_STATUSES,
         "An agent's stored conversations and bytes against its quotas (RBAC: get agentdeployments/memory)",
         "administration",
     ),
-    Route(
-        "erase_user",
-        "DELETE",
-        api.USER_CONVERSATIONS_PATH,
-        (*params.CALLER, params.CAPABILITY),
-        lifecycle.erase_user,
-        wire.UserErasure,
-        CALLER_STATUSES,
-        "Erase everything of the end user named by the capability, across the agent's conversations",
-        "lifecycle",
-    ),
+    _memory("erase_user", params.EraseUserParams, lifecycle.erase_user, CALLER_STATUSES, "lifecycle"),
 )
 
 _CONVERSATIONS = f"{api.API_PREFIX}/conversations/"
@@ -357,12 +284,12 @@ _CONVERSATIONS = f"{api.API_PREFIX}/conversations/"
 class RouteTable:
     """Finds the route of a (method, decoded path); raises a typed 404 or 405 (with the allowed methods)."""
 
-    def __init__(self, routes: tuple[Route, ...] = ROUTES) -> None:
+    def __init__(self, routes: tuple[Route[Any], ...] = ROUTES) -> None:
         self.routes = routes
-        self._fixed: dict[str, dict[str, Route]] = {}
-        self._conversation: dict[str, dict[str, Route]] = {}
+        self._fixed: dict[str, dict[str, Route[Any]]] = {}
+        self._conversation: dict[str, dict[str, Route[Any]]] = {}
         # Paths of named segments ({name}: one segment), matched segment by segment.
-        self._templates: dict[tuple[str, ...], dict[str, Route]] = {}
+        self._templates: dict[tuple[str, ...], dict[str, Route[Any]]] = {}
         for route in routes:
             if route.path.startswith(_ONE):
                 suffix = route.path[len(_ONE) :].lstrip("/")
@@ -373,7 +300,7 @@ class RouteTable:
                 self._fixed.setdefault(route.path, {})[route.method] = route
         self._suffixes = [suffix for suffix in self._conversation if suffix]
 
-    def match(self, method: str, path: str) -> tuple[Route, Mapping[str, str]]:
+    def match(self, method: str, path: str) -> tuple[Route[Any], Mapping[str, str]]:
         fixed = self._fixed.get(path)
         if fixed is not None:
             return _by_method(fixed, method), {}
@@ -388,7 +315,7 @@ class RouteTable:
         route = _by_method(self._conversation[suffix], method)
         return route, {params.CONVERSATION_ID.name: rest}
 
-    def _match_template(self, method: str, path: str) -> tuple[Route, Mapping[str, str]]:
+    def _match_template(self, method: str, path: str) -> tuple[Route[Any], Mapping[str, str]]:
         segments = path.split("/")
         for template, by_method in self._templates.items():
             if len(template) != len(segments):
@@ -414,7 +341,7 @@ class NotAllowedHere(MethodNotAllowed):
         super().__init__(f"{method} is not allowed here; allowed: {self.allow}")
 
 
-def _by_method(routes: dict[str, Route], method: str) -> Route:
+def _by_method(routes: dict[str, Route[Any]], method: str) -> Route[Any]:
     route = routes.get(method)
     if route is None:
         raise NotAllowedHere(method, sorted(routes))

@@ -13,7 +13,6 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
@@ -27,7 +26,7 @@ from sessionmem_core import env
 from sessionmem_core.api import SUMMARY_ID_PREFIX
 from sessionmem_core.errors import BackendUnavailable, QuotaExceeded, SessionMemError, VersionConflict
 from sessionmem_core.ids import new_message_id
-from sessionmem_core.keys import usage_keys, usage_space
+from sessionmem_proxy.keying import usage_keys_of
 
 _LOG = logging.getLogger("sessionmem.store")
 
@@ -368,23 +367,19 @@ class Usage:
     verdict: int = 0
 
 
-@dataclass(slots=True)
-class StorageLimits:
-    """The storage quota a write to ``key`` is admitted against (set by the proxy's quotas, per request)."""
+class StorageQuota(Protocol):
+    """The storage quota a write is admitted against: the writing agent's limits (``quotas.QuotaLimits``),
+    handed to the write by the operation that was admitted with them."""
 
-    key: str
-    max_conversations: int
-    max_bytes: int
+    @property
+    def max_conversations(self) -> int: ...
 
-
-# The limits of the write the current request was admitted for. A context variable, because the write
-# happens in the request's own task, after the quota check and without passing through it.
-WRITE_LIMITS: ContextVar[StorageLimits | None] = ContextVar("sessionmem_write_limits", default=None)
-_UNLIMITED = 1 << 52  # exact as a Lua number
+    @property
+    def max_bytes(self) -> int: ...
 
 
 class UsageLedger:
-    """Per-space storage accounting, kept next to the conversations (``keys.usage_keys``).
+    """Per-space storage accounting, kept next to the conversations (``keying.usage_keys_of``).
 
     On a standalone Valkey (``atomic``) the store runs each write and its accounting as one script, so the
     quota check, the write and the accounting are one atomic step and cost one call. On a Cluster the
@@ -414,7 +409,7 @@ class UsageLedger:
         return await self._run("forget", conversation_key, 0, 0)
 
     async def _run(self, op: str, conversation_key: str, first: int, second: int) -> Usage:
-        keys = list(usage_keys(usage_space(conversation_key)))
+        keys = list(usage_keys_of(conversation_key))
         conversations, total, counted, verdict = await ConversationStore._guard(
             self._script(keys=keys, args=[op, conversation_key, first, second])
         )
@@ -426,13 +421,6 @@ def refusal(verdict: int, max_conversations: int, max_bytes: int) -> QuotaExceed
     if verdict == 2:
         return QuotaExceeded(f"stored bytes are at the quota of {max_bytes}")
     return QuotaExceeded(f"stored conversations are at the quota of {max_conversations}")
-
-
-def _write_limits(key: str) -> tuple[int, int]:
-    limits = WRITE_LIMITS.get()
-    if limits is None or limits.key != key:
-        return _UNLIMITED, _UNLIMITED  # accounted all the same, checked by nothing
-    return limits.max_conversations, limits.max_bytes
 
 
 class ValkeyLike(Protocol):
@@ -495,9 +483,16 @@ class ConversationStore:
         self._read_with_summary = client.register_script(_READ_WITH_SUMMARY)
 
     async def append(
-        self, key: str, entries: Sequence[EntryToStore], author: str, cap: int, ttl_seconds: int
+        self,
+        key: str,
+        entries: Sequence[EntryToStore],
+        author: str,
+        cap: int,
+        ttl_seconds: int,
+        quota: StorageQuota | None = None,
     ) -> AppendResult:
-        reply = await self._write(self._append, key, append_args(entries, author, cap, ttl_seconds))
+        """``quota``: the writer's storage limits, which a store that accounts its writes needs (``_write``)."""
+        reply = await self._write(self._append, key, append_args(entries, author, cap, ttl_seconds), quota)
         version, stored, length, duplicates, added, created = reply
         if self.ledger is not None and not self._counted and int(stored):
             size, ledger = int(added), self.ledger
@@ -557,10 +552,11 @@ class ConversationStore:
         expected_version: int | None,
         cap: int,
         ttl_seconds: int,
+        quota: StorageQuota | None = None,
     ) -> AppendResult:
         expected = "*" if expected_version is None else str(expected_version)
         args: list[Any] = [expected, cap, ttl_seconds, *_entry_args(entries, author, _now_ms())]
-        version, stored, size = await self._write(self._replace, key, args)
+        version, stored, size = await self._write(self._replace, key, args, quota)
         if int(version) < 0:
             raise VersionConflict(f"conversation is at version {stored}, not {expected_version}")
         if self.ledger is not None and not self._counted:
@@ -569,7 +565,7 @@ class ConversationStore:
 
     async def delete(self, key: str) -> int:
         if self._counted:
-            return int(await self._guard(self._delete(keys=[key, *_usage_keys_of(key)], args=[])))
+            return int(await self._guard(self._delete(keys=[key, *usage_keys_of(key)], args=[])))
         removed = await self._call(self._delete, key, [])
         if self.ledger is not None:
             await self._account(self.ledger.forget(key))
@@ -590,14 +586,17 @@ class ConversationStore:
     async def _call(self, script: Any, key: str, args: list[Any]) -> Any:
         return await self._guard(script(keys=[key], args=args))
 
-    async def _write(self, script: Any, key: str, args: list[Any]) -> Any:
-        """The reply of a write script; a counted one runs behind the request's storage quota
-        (``WRITE_LIMITS``), a refusal raised as the typed QuotaExceeded with nothing written."""
+    async def _write(self, script: Any, key: str, args: list[Any], quota: StorageQuota | None) -> Any:
+        """The reply of a write script; a counted one runs behind the writer's storage ``quota``, a refusal
+        raised as the typed QuotaExceeded with nothing written. Fail closed: a counted write without a
+        quota is a programming error, never an unlimited write."""
         if not self._counted:
             return await self._call(script, key, args)
-        max_conversations, max_bytes = _write_limits(key)
+        if quota is None:
+            raise TypeError("a write to a store that accounts its writes needs the writer's storage quota")
+        max_conversations, max_bytes = quota.max_conversations, quota.max_bytes
         try:
-            reply = await script(keys=[key, *_usage_keys_of(key)], args=[max_conversations, max_bytes, *args])
+            reply = await script(keys=[key, *usage_keys_of(key)], args=[max_conversations, max_bytes, *args])
         except _FAILURES as exc:
             _raise_backend_failure(exc)
         if int(reply[0]):
@@ -653,10 +652,6 @@ def search_entries(raw_entries: Sequence[bytes], query: str, limit: int) -> list
 
 def _texts(replies: Sequence[bytes | str]) -> tuple[str, ...]:
     return tuple(r.decode() if isinstance(r, bytes) else str(r) for r in replies)
-
-
-def _usage_keys_of(conversation_key: str) -> tuple[str, str]:
-    return usage_keys(usage_space(conversation_key))
 
 
 def _now_ms() -> int:

@@ -16,7 +16,6 @@ Lua scripts work on both: ``register_script`` + EVALSHA routes by the script's o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -108,14 +107,18 @@ class SessionmemCluster(ValkeyCluster):
     """ValkeyCluster whose ``scan`` keeps the standalone shape ``(cursor, keys)``: one integer cursor walks
     every primary in turn, so the store's paginated listing works unchanged on a cluster."""
 
-    def _primaries_in_slot_order(self) -> list[ClusterNode]:
-        first_slot: dict[str, int] = {}
-        for slot, nodes in self.nodes_manager.slots_cache.items():
-            if nodes:
-                name = nodes[0].name
-                first_slot[name] = min(slot, first_slot.get(name, slot))
-        primaries: Sequence[ClusterNode] = self.get_primaries()
-        return sorted(primaries, key=lambda n: (first_slot.get(n.name, 1 << 20), n.name))
+    async def _primaries_in_slot_order(self) -> list[ClusterNode]:
+        """The primaries, ordered by the first slot each serves: a failover keeps a shard's place (its
+        promoted replica serves the same slots), so a cursor keeps naming the same shard. From the
+        cluster's own ``CLUSTER SLOTS`` (one call per page of a listing, never on an operation's path)."""
+        slots: dict[tuple[int, int], dict[str, Any]] = await self.cluster_slots()
+        primaries: list[ClusterNode] = []
+        for _range, served in sorted(slots.items()):
+            host, port = served["primary"]
+            node = self.get_node(host=host, port=int(port))
+            if node is not None and node not in primaries:
+                primaries.append(node)
+        return primaries
 
     async def scan(
         self,
@@ -125,9 +128,8 @@ class SessionmemCluster(ValkeyCluster):
         _type: str | None = None,
         **kwargs: Any,
     ) -> tuple[int, list[bytes]]:
-        if self._initialize:
-            await self.initialize()
-        primaries = self._primaries_in_slot_order()
+        await self.initialize()  # at once when it already is
+        primaries = await self._primaries_in_slot_order()
         index, node_cursor = cursor & _NODE_MASK, cursor >> _NODE_BITS
         if not primaries or index >= len(primaries):
             return 0, []

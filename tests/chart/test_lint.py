@@ -34,6 +34,7 @@ from valkey.exceptions import AuthenticationError, NoPermissionError, ResponseEr
 from sessionmem_core import api, env, kube
 from sessionmem_core.env import ProxySettings
 from sessionmem_operator.config import OperatorConfig
+from sessionmem_proxy.quotas import QuotaLimits
 from sessionmem_proxy.store import ConversationStore, NewEntry, UsageLedger
 from sessionmem_proxy.valkey_client import cluster_seeds, connect
 from tests.support.valkey import valkey_server_binary
@@ -47,6 +48,8 @@ EXAMPLE = REPO / "examples" / "support-agent.yaml"
 STORE_SOURCE = REPO / "proxy" / "sessionmem_proxy" / "store.py"
 
 RELEASE = "sm"
+# The storage quota the proxy hands each write (a store that accounts its writes needs one).
+_QUOTA = QuotaLimits(max_conversations=100, max_bytes=1 << 20, requests_per_second=10.0, burst=10)
 NAMESPACE = "sessionmem"
 Doc = dict[str, Any]
 
@@ -984,9 +987,9 @@ async def test_valkey_acl_lets_the_store_work_and_nothing_else(chart_valkey: tup
         public = {name for name in public if not name.startswith("_")}
         assert public == exercised, f"new store operations {sorted(public - exercised)}: exercise them here"
         await store.ping()
-        first = await store.append(key, [NewEntry("user", "hello", "m1")], "team/agent", cap=10, ttl_seconds=60)
+        first = await store.append(key, [NewEntry("user", "hello", "m1")], "team/agent", 10, 60, _QUOTA)
         assert (first.version, first.stored) == (1, 1)
-        assert (await store.append(key, [NewEntry("user", "hello", "m1")], "team/agent", 10, 60)).duplicate
+        assert (await store.append(key, [NewEntry("user", "hello", "m1")], "team/agent", 10, 60, _QUOTA)).duplicate
         assert (await store.read(key, 5)).version == 1
         assert (await store.read(key, 0)).version == 1
         assert (await store.read_with_summary(key, 5)).raw_entries
@@ -994,7 +997,7 @@ async def test_valkey_acl_lets_the_store_work_and_nothing_else(chart_valkey: tup
         assert key in (await store.scan("mem:team/agent:*", 0, 100))[1]
         assert len((await store.read_all(key)).raw_entries) == 1
         assert len(await store.read_range(key, 0, 15)) == 1
-        replaced = await store.replace(key, [NewEntry("user", "seed")], "team/agent", 1, cap=10, ttl_seconds=60)
+        replaced = await store.replace(key, [NewEntry("user", "seed")], "team/agent", 1, 10, 60, _QUOTA)
         assert replaced.version == 2
         assert await store.delete(key) == 1
         assert store.ledger is not None and (await store.ledger.peek(key)).conversations == 0
@@ -1047,8 +1050,8 @@ async def test_valkey_keeps_what_the_proxy_wrote_across_a_restart(chart_valkey: 
     client = connect(url, 2.0)
     try:
         store = ConversationStore(client, UsageLedger(client))
-        await store.append(key, [NewEntry("user", "hello", "m1")], "team/agent", cap=10, ttl_seconds=600)
-        await store.append(key, [NewEntry("assistant", "hi", "m2")], "team/agent", cap=10, ttl_seconds=600)
+        await store.append(key, [NewEntry("user", "hello", "m1")], "team/agent", 10, 600, _QUOTA)
+        await store.append(key, [NewEntry("assistant", "hi", "m2")], "team/agent", 10, 600, _QUOTA)
     finally:
         await client.aclose()
     server.stop()

@@ -14,6 +14,7 @@ from sessionmem_core.errors import from_wire
 from sessionmem_launcher.server import Launcher
 from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess
+from tests.support.serving import serve_in_background
 
 
 @pytest.fixture
@@ -23,7 +24,7 @@ async def per_user_launcher(
     settings = launcher_settings(
         proxy_process.base_url, dev_token_file, **{env.AGENT_PORT: str(demo_agent), env.PER_USER: "true"}
     )
-    instance = Launcher(settings, serve_host="127.0.0.1")
+    instance = Launcher(settings, serve_host="127.0.0.1", serve=serve_in_background)
     await instance.start()
     yield instance
     await instance.stop()

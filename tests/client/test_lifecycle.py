@@ -27,10 +27,11 @@ from sessionmem_core import api, env
 from sessionmem_core.capability import mint_capability, new_key
 from sessionmem_core.keys import Owner, session_key, session_prefix
 from sessionmem_demo.agent import read_body
-from sessionmem_launcher.server import Launcher, serve_in_background
+from sessionmem_launcher.server import Launcher
 from tests.client.test_docs import EXAMPLES, NOT_RUN
 from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess, dev_proxy
+from tests.support.serving import serve_in_background
 from tests.support.valkey import ValkeyProcess
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
@@ -143,7 +144,7 @@ def per_user_proxy(valkey_server: ValkeyProcess, tmp_path: Path, capability_key:
 @pytest.fixture
 async def per_user_launcher(per_user_proxy: ServiceProcess, dev_token_file: Path) -> AsyncIterator[Launcher]:
     settings = launcher_settings(per_user_proxy.base_url, dev_token_file, **{env.PER_USER: "true"})
-    instance = Launcher(settings, tracer_provider=TracerProvider(), serve_host="127.0.0.1")
+    instance = Launcher(settings, tracer_provider=TracerProvider(), serve_host="127.0.0.1", serve=serve_in_background)
     await instance.start()
     yield instance
     await instance.stop()
@@ -220,7 +221,7 @@ async def test_the_per_user_example_of_the_docs_runs_as_an_agent(
     settings = launcher_settings(
         per_user_proxy.base_url, dev_token_file, **{env.PER_USER: "true", env.AGENT_PORT: str(agent.port)}
     )
-    launcher = Launcher(settings, tracer_provider=TracerProvider(), serve_host="127.0.0.1")
+    launcher = Launcher(settings, tracer_provider=TracerProvider(), serve_host="127.0.0.1", serve=serve_in_background)
     await launcher.start()
     monkeypatch.setenv(env.LAUNCHER_PORT, str(launcher.memory_port))  # the client's default URL, as in a pod
     alice = {api.USER_CAPABILITY_HEADER: mint_capability(capability_key, "alice", OWNER, 600)}

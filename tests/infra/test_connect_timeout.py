@@ -18,6 +18,7 @@ from opentelemetry import trace
 
 from sessionmem_core import env
 from sessionmem_core.env import LauncherSettings
+from sessionmem_core.ids import parse_conversation_id
 from sessionmem_infra.http_client import BlockingHttpClient, HttpClient, HttpTimeout
 from sessionmem_infra.telemetry import MemoryTracer
 from sessionmem_launcher.forward import CallerHeaders, forwarder_from_settings
@@ -102,9 +103,7 @@ async def test_a_proxy_that_drops_connections_is_a_typed_503_from_the_launcher(b
     forwarder = forwarder_from_settings(settings, MemoryTracer(trace.NoOpTracerProvider(), "launcher"))
     try:
         async with asyncio.timeout(HANG):
-            reply = await forwarder.forward(
-                "GET", "get", "c1", "/v1/conversations/c1/entries", [], None, CallerHeaders()
-            )
+            reply = await forwarder.read(parse_conversation_id("c1"), CallerHeaders())
     finally:
         await forwarder.aclose()
     assert reply.status == 503

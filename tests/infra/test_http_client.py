@@ -5,6 +5,7 @@ server dropped (its idle timeout), timeouts, refused connections, header injecti
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, MutableMapping
 from typing import Any
@@ -14,8 +15,15 @@ import pytest
 import uvloop
 
 from sessionmem_core.env import ServingLimits
-from sessionmem_infra.http_client import BlockingHttpClient, HttpClient, HttpError, HttpTimeout
-from sessionmem_launcher.serving import EmbeddedServer, serve_in_background
+from sessionmem_infra.http_client import (
+    AnswerTooLarge,
+    BlockingHttpClient,
+    HttpClient,
+    HttpError,
+    HttpResponse,
+    HttpTimeout,
+)
+from tests.support.serving import TestServer, serve_in_background
 from tests.support.valkey import free_port
 
 # The peer closes a kept-alive connection idle for this long: how a test makes the server drop one.
@@ -28,7 +36,8 @@ class Peer:
 
     def __init__(self) -> None:
         self.client_ports: list[int] = []
-        self.server: EmbeddedServer | None = None
+        self.paths: list[str] = []
+        self.server: TestServer | None = None
 
     @property
     def port(self) -> int:
@@ -41,6 +50,7 @@ class Peer:
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         self.client_ports.append(int(scope["client"][1]))
+        self.paths.append(scope["path"])
         message = await receive()
         if scope["path"] == "/hang":
             await asyncio.sleep(30)
@@ -180,3 +190,92 @@ async def test_the_blocking_client_can_be_shared_between_threads(server: Peer) -
     finally:
         client.close()
     assert answers == [[f"/t{t}/{i}" for i in range(20)] for t in range(6)]
+
+
+async def test_an_answer_over_the_limit_is_refused_and_its_connection_dropped(server: Peer) -> None:
+    """A peer cannot make the client hold more than ``max_answer_bytes``: the answer is refused (typed)
+    and the connection it came on is not reused."""
+    big = "x" * 4096
+    client = HttpClient(f"http://127.0.0.1:{server.port}", max_answer_bytes=2048)
+    blocking = BlockingHttpClient(f"http://127.0.0.1:{server.port}", max_answer_bytes=2048)
+    try:
+        small = await client.request("POST", "/small", body=b"ok")
+        with pytest.raises(AnswerTooLarge):
+            await client.request("POST", "/big", body=big.encode())
+        after = await client.request("GET", "/after")
+        with pytest.raises(AnswerTooLarge):
+            await asyncio.to_thread(blocking.request, "POST", "/big", (), big.encode())
+    finally:
+        await client.aclose()
+        blocking.close()
+    assert small.status == after.status == 200
+    assert len(server.connections) == 3, "the connection of the refused answer was dropped, not reused"
+
+
+async def _drops_every_second_request() -> tuple[asyncio.Server, int, list[str]]:
+    """A peer that answers the first request of each connection and closes the connection on the second
+    after reading it, without answering: the client cannot tell whether it was processed."""
+    seen: list[str] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            for answered in (True, False):
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line.split(b":", 1)[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                seen.append(head.split(b" ", 2)[0].decode() + " " + head.split(b" ", 2)[1].decode())
+                if answered:
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], seen
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+async def test_only_an_idempotent_request_is_sent_again_on_a_connection_the_peer_closed(
+    blocking: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request on a pooled connection the peer closed without answering: a POST fails (the peer may have
+    processed it) unless its caller says it may be repeated; a PUT is sent again, once, and the client
+    says so at debug level."""
+    caplog.set_level(logging.DEBUG, logger="sessionmem.http")
+    peer, port, seen = await _drops_every_second_request()
+    url = f"http://127.0.0.1:{port}"
+    sync = BlockingHttpClient(url, timeout=5)
+    lean = HttpClient(url, timeout=5)
+
+    async def send(method: str, path: str, idempotent: bool | None = None) -> HttpResponse:
+        if blocking:
+            return await asyncio.to_thread(sync.request, method, path, (), b"x", idempotent)
+        return await lean.request(method, path, (), b"x", idempotent)
+
+    try:
+        await send("GET", "/warm")
+        with pytest.raises(HttpError):
+            await send("POST", "/append")
+        await send("GET", "/warm")
+        repeated = await send("POST", "/append", idempotent=True)
+        put = await send("PUT", "/replace")
+    finally:
+        sync.close()
+        await lean.aclose()
+        peer.close()
+        await peer.wait_closed()
+    assert [r.status for r in (repeated, put)] == [200, 200]
+    assert seen == [
+        "GET /warm", "POST /append", "GET /warm", "POST /append", "POST /append", "PUT /replace", "PUT /replace"
+    ]  # fmt: skip
+    retries = [r for r in caplog.records if "sending again" in r.getMessage()]
+    assert len(retries) == 2 and all(r.levelno == logging.DEBUG for r in retries)

@@ -15,8 +15,9 @@ from sessionmem_core.env import LauncherSettings, ServingLimits
 from sessionmem_core.errors import SessionMemError
 from sessionmem_infra.http_client import HttpClient, HttpError
 from sessionmem_infra.serving import respond, respond_error
-from sessionmem_launcher.server import Launcher, serve_in_background
+from sessionmem_launcher.server import Launcher
 from sessionmem_launcher.serving import ListenerLimits
+from tests.support.serving import serve_in_background
 from tests.support.valkey import free_port
 
 
@@ -144,7 +145,9 @@ async def _started_launcher(tmp_path: Any, environ: dict[str, str]) -> Launcher:
         "SESSIONMEM_LAUNCHER_PORT": "0",
         "SESSIONMEM_SERVE_PORT": "0",
     }
-    launcher = Launcher(LauncherSettings.from_env({**base, **environ}), serve_host="127.0.0.1")
+    launcher = Launcher(
+        LauncherSettings.from_env({**base, **environ}), serve_host="127.0.0.1", serve=serve_in_background
+    )
     await launcher.start()
     return launcher
 

@@ -46,8 +46,8 @@ def test_a_launcher_that_started_and_forwarded_a_call_loaded_none_either() -> No
                 "SESSIONMEM_TOKEN_PATH": "/nonexistent/token",
                 "SESSIONMEM_NAMESPACE": "team-a",
                 "SESSIONMEM_AGENT": "support-agent",
-                "SESSIONMEM_LAUNCHER_PORT": "0",
-                "SESSIONMEM_SERVE_PORT": "0",
+                "SESSIONMEM_LAUNCHER_PORT": str(unused_port()),
+                "SESSIONMEM_SERVE_PORT": str(unused_port()),
             })
             launcher = Launcher(settings, serve_host="127.0.0.1")
             await launcher.start()

@@ -18,6 +18,7 @@ from sessionmem_launcher.server import Launcher
 from tests.conftest import launcher_settings
 from tests.support.conversations import BAD_IDS, exchange
 from tests.support.processes import ServiceProcess
+from tests.support.serving import serve_in_background
 from tests.support.valkey import ValkeyProcess, free_port
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
@@ -181,7 +182,7 @@ async def test_the_serving_port_is_ready_only_while_the_agent_listens(
     """The operator's readiness probe: a pod takes turns only once its agent accepts connections."""
     agent_port = free_port()
     settings = launcher_settings(proxy_process.base_url, dev_token_file, **{env.AGENT_PORT: str(agent_port)})
-    instance = Launcher(settings, serve_host="127.0.0.1")
+    instance = Launcher(settings, serve_host="127.0.0.1", serve=serve_in_background)
     await instance.start()
     try:
         ready_url = f"http://127.0.0.1:{instance.serve_port}{api.AGENT_READY_PATH}"

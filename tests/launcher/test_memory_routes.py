@@ -24,10 +24,11 @@ from sessionmem_core.errors import (
     UserCapabilityRequired,
     from_wire,
 )
-from sessionmem_launcher.server import Launcher, serve_in_background
+from sessionmem_launcher.server import Launcher
 from tests.conftest import launcher_settings
 from tests.support.conversations import exchange
 from tests.support.processes import ServiceProcess
+from tests.support.serving import serve_in_background
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -57,7 +58,7 @@ async def recording_launcher(
     settings = launcher_settings(f"http://127.0.0.1:{upstream.port}", dev_token_file)
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(span_exporter))
-    launcher = Launcher(settings, tracer_provider=provider, serve_host="127.0.0.1")
+    launcher = Launcher(settings, tracer_provider=provider, serve_host="127.0.0.1", serve=serve_in_background)
     await launcher.start()
     yield recorder, launcher
     await launcher.stop()
@@ -69,7 +70,7 @@ async def _memory_client(upstream_app: Any, token_file: Path, **environ: str) ->
     """A client of the memory endpoint of a launcher whose proxy is ``upstream_app``."""
     upstream = await serve_in_background(upstream_app)
     settings = launcher_settings(f"http://127.0.0.1:{upstream.port}", token_file, **environ)
-    launcher = Launcher(settings, serve_host="127.0.0.1")
+    launcher = Launcher(settings, serve_host="127.0.0.1", serve=serve_in_background)
     await launcher.start()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as client:
@@ -203,7 +204,7 @@ async def test_a_body_over_the_configured_limit_is_a_typed_413_in_its_span(
     settings = launcher_settings(proxy_process.base_url, dev_token_file, **{env.MAX_REQUEST_BODY_BYTES: str(limit)})
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(span_exporter))
-    launcher = Launcher(settings, tracer_provider=provider, serve_host="127.0.0.1")
+    launcher = Launcher(settings, tracer_provider=provider, serve_host="127.0.0.1", serve=serve_in_background)
     await launcher.start()
     fits = orjson.dumps({"entries": [{"role": "user", "content": "x" * (limit - 100)}]})
     over = orjson.dumps({"entries": [{"role": "user", "content": "x" * limit}]})

@@ -16,6 +16,7 @@ from sessionmem_core.keys import Owner, session_key
 from sessionmem_launcher.server import Launcher
 from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess
+from tests.support.serving import serve_in_background
 from tests.support.valkey import ValkeyProcess
 
 # Same length on purpose: a rotation must be seen even when the file's size does not change.
@@ -60,7 +61,9 @@ def projected(tmp_path: Path) -> ProjectedToken:
 
 @pytest.fixture
 async def memory(proxy_process: ServiceProcess, projected: ProjectedToken) -> AsyncIterator[httpx.AsyncClient]:
-    launcher = Launcher(launcher_settings(proxy_process.base_url, projected.path), serve_host="127.0.0.1")
+    launcher = Launcher(
+        launcher_settings(proxy_process.base_url, projected.path), serve_host="127.0.0.1", serve=serve_in_background
+    )
     await launcher.start()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}", timeout=10) as client:

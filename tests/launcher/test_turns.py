@@ -25,10 +25,11 @@ from sessionmem_core.errors import Overloaded
 from sessionmem_core.keys import Owner, per_user_key
 from sessionmem_demo.agent import read_body
 from sessionmem_launcher.managed_loop import AGENT_REQUEST_HEADERS
-from sessionmem_launcher.server import Launcher, serve_in_background
+from sessionmem_launcher.server import Launcher
 from sessionmem_launcher.turns import HANDLE_PREFIX, TurnBindings
 from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess
+from tests.support.serving import serve_in_background
 from tests.support.valkey import ValkeyProcess, free_port
 
 OWNER = Owner("team-a", "support-agent")
@@ -106,7 +107,7 @@ async def _per_user_launcher(proxy: ServiceProcess, token_file: Path, agent_port
     settings = launcher_settings(
         proxy.base_url, token_file, **{env.PER_USER: "true", env.AGENT_PORT: str(agent_port), **extra}
     )
-    launcher = Launcher(settings, serve_host="127.0.0.1")
+    launcher = Launcher(settings, serve_host="127.0.0.1", serve=serve_in_background)
     await launcher.start()
     return launcher
 

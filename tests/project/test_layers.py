@@ -74,3 +74,115 @@ def test_the_checker_sees_function_level_imports(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from sessionmem_proxy.app import create_app\n    import valkey.asyncio\n")
     assert imported_roots(source) == {"sessionmem_proxy", "valkey"}
+
+
+def _module_name(folder: str, path: Path) -> str:
+    parts = list(path.relative_to(REPO / folder).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The modules among ``modules`` that a file imports, at module level, inside functions or under
+    TYPE_CHECKING alike: ``from a import b`` is an import of the module ``a.b`` when there is one, else of
+    ``a``. A package's ``__init__`` that a submodule's import runs is not counted (every module has one)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            named = [f"{node.module}.{alias.name}" for alias in node.names]
+            found.update(name for name in named if name in modules)
+            if node.module in modules and any(name not in modules for name in named):
+                found.add(node.module)
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (each holds an import cycle)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:
+            group: list[str] = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return cycles
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    folder, _ = LAYERS[package]
+    files = {_module_name(folder, path): path for path in _sources(package)}
+    return {name: module_imports(path, set(files)) - {name} for name, path in files.items()}
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_no_import_cycle_inside_a_component(package: str) -> None:
+    """A module that needs another's caller to be loaded first reads in no order: each component's modules
+    form a hierarchy (function-level and TYPE_CHECKING imports count)."""
+    assert import_cycles(import_graph(package)) == []
+
+
+def test_the_cycle_finder_finds_cycles(tmp_path: Path) -> None:
+    graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.a"}, "p.e": set()}
+    assert import_cycles(graph) == [["p.a", "p.b", "p.c"]]
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.a import Thing\n"
+        "def f():\n    from p import b\n"
+    )
+    assert module_imports(source, {"p", "p.a", "p.b"}) == {"p.a", "p.b"}
+
+
+# The builders of key layouts (sessionmem_core.keys): in the proxy only its key module calls them.
+KEY_BUILDERS = frozenset(
+    {"session_prefix", "shared_prefix", "per_user_prefix", "session_key", "shared_key", "per_user_key",
+     "usage_space", "usage_keys", "conversation_of", "KEY_PREFIX", "USAGE_PREFIX"}
+)  # fmt: skip
+KEY_MODULE = "proxy/sessionmem_proxy/keying.py"
+
+
+def key_layout_uses(path: Path) -> set[str]:
+    """The key builders of sessionmem_core.keys a file imports or reaches as ``keys.<name>``."""
+    used: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module == "sessionmem_core.keys":
+            used.update(alias.name for alias in node.names if alias.name in KEY_BUILDERS)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "keys":
+            used.update({node.attr} & KEY_BUILDERS)
+    return used
+
+
+def test_the_proxy_builds_keys_in_one_module() -> None:
+    builders = {
+        str(path.relative_to(REPO)): sorted(used)
+        for path in _sources("sessionmem_proxy")
+        if (used := key_layout_uses(path))
+    }
+    assert list(builders) == [KEY_MODULE], builders
+    literal_keys = {
+        str(path.relative_to(REPO))
+        for path in _sources("sessionmem_proxy")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("mem:")
+    }
+    assert literal_keys == set(), "a key spelled out in the proxy: build it in keying.py"

@@ -1,5 +1,5 @@
 """The client distribution (packaging/client) carries the contract, the HTTP client and the Python client
-with its adapters, and nothing of the server side: a LangChain user does not install kopf or FastAPI."""
+with its adapters, and nothing of the server side: a LangChain user does not install kopf or granian."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ from sessionmem_core.keys import Owner, matches_layout
 from sessionmem_launcher.server import Launcher
 from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess
+from tests.support.serving import serve_in_background
 from tests.support.valkey import ValkeyProcess
 
 AGENT_A = Owner("team-a", "support-agent")
@@ -140,7 +141,7 @@ async def test_through_the_launcher_user_headers_set_by_the_agent_change_nothing
     per_user_proxy: ServiceProcess, capability_key: bytes, dev_token_file: Path, valkey_server: ValkeyProcess
 ) -> None:
     settings = launcher_settings(per_user_proxy.base_url, dev_token_file, **{env.PER_USER: "true"})
-    launcher = Launcher(settings, serve_host="127.0.0.1")
+    launcher = Launcher(settings, serve_host="127.0.0.1", serve=serve_in_background)
     await launcher.start()
     alice = mint_capability(capability_key, "alice", AGENT_A, 60)
     path = "/v1/conversations/c1/entries"

@@ -18,9 +18,10 @@ from sessionmem_core.capability import mint_capability
 from sessionmem_core.keys import Owner, session_key
 from sessionmem_demo.agent import read_body
 from sessionmem_launcher.replay import approx_tokens, message_cost
-from sessionmem_launcher.server import Launcher, serve_in_background
+from sessionmem_launcher.server import Launcher
 from tests.conftest import launcher_settings
 from tests.support.processes import ServiceProcess
+from tests.support.serving import serve_in_background
 from tests.support.valkey import ValkeyProcess
 
 OWNER = Owner("team-a", "support-agent")
@@ -47,6 +48,7 @@ async def _launcher(proxy: ServiceProcess, token: Path, agent_port: int, **setti
     launcher = Launcher(
         launcher_settings(proxy.base_url, token, **{env.AGENT_PORT: str(agent_port), **settings}),
         serve_host="127.0.0.1",
+        serve=serve_in_background,
     )
     await launcher.start()
     return launcher

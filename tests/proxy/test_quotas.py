@@ -16,7 +16,7 @@ import pytest
 from sessionmem_core import env
 from sessionmem_core.devauth import dev_token
 from sessionmem_core.env import ProxySettings
-from sessionmem_core.errors import RateLimited
+from sessionmem_core.errors import QuotaExceeded, RateLimited
 from sessionmem_core.keys import Owner, usage_keys
 from sessionmem_proxy.app import create_app
 from sessionmem_proxy.quotas import DefaultLimits, QuotaLimits, Quotas
@@ -241,3 +241,25 @@ def test_an_agent_deployment_overrides_the_defaults_field_by_field() -> None:
     assert defaults.overridden({"bytesPerSecond": 5}).bytes_per_second == 5.0
     # Nonsense in an object the proxy did not validate falls back to the defaults.
     assert defaults.overridden({"maxBytes": -1, "requestsPerSecond": "x", "maxConversations": True}) == defaults
+
+
+async def test_a_counted_write_without_its_quota_fails_closed(valkey_server: ValkeyProcess) -> None:
+    """The storage quota reaches the store as an argument: a store that accounts its writes refuses a write
+    handed no quota (never writing it unlimited), and refuses one over the quota it is handed."""
+    from sessionmem_proxy.store import NewEntry
+
+    valkey = connect(valkey_server.url, 2.0)
+    try:
+        store = ConversationStore(valkey, UsageLedger(valkey))
+        key = "mem:team-a/closed:c1"
+        with pytest.raises(TypeError):
+            await store.append(key, [NewEntry("user", "hi")], "team-a/closed", cap=10, ttl_seconds=60)
+        assert (await store.read(key, 10)).raw_entries == []
+        quota = QuotaLimits(max_conversations=1, max_bytes=1 << 20, requests_per_second=10.0, burst=10)
+        await store.append(key, [NewEntry("user", "hi")], "team-a/closed", cap=10, ttl_seconds=60, quota=quota)
+        with pytest.raises(QuotaExceeded):
+            await store.append(
+                "mem:team-a/closed:c2", [NewEntry("user", "hi")], "team-a/closed", cap=10, ttl_seconds=60, quota=quota
+            )
+    finally:
+        await valkey.aclose()

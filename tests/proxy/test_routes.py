@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import orjson
@@ -21,6 +22,7 @@ from sessionmem_core.env import ProxySettings
 from sessionmem_core.keys import Owner
 from sessionmem_proxy.app import ProxyApp, create_app
 from sessionmem_proxy.openapi import COMMITTED, document, document_bytes
+from sessionmem_proxy.params import CAP, TTL, Param
 from sessionmem_proxy.routes import ROUTES, Route
 from tests.support.serving import served_client
 from tests.support.valkey import ValkeyProcess
@@ -152,7 +154,7 @@ def _minted(headers: dict[str, str]) -> dict[str, str]:
     return {**headers, api.USER_CAPABILITY_HEADER: fresh}
 
 
-def _conforms(route: Route, response: httpx.Response) -> None:
+def _conforms(route: Route[Any], response: httpx.Response) -> None:
     assert response.status_code in route.all_statuses, (route.op, response.status_code, response.text)
     model: type[BaseModel] | None = route.response if response.status_code == 200 else wire.ErrorResponse
     if model is not None:
@@ -249,3 +251,29 @@ async def test_the_replacement_character_is_refused_and_nfc_nfd_are_two(
     assert nfc.status_code == 200 and nfd.json()["entries"] == [], "NFC and NFD forms are two conversations"
     keys = sorted(k.decode() for k in valkey_server.conversation_keys())
     assert keys == ["mem:team-a/support-agent:caf\u00e9"]
+
+
+def test_each_route_hands_its_handler_one_typed_parameter_set() -> None:
+    """A route's parameters reach its handler as one object whose fields are the route's declared
+    parameters, in order; a set whose fields and declarations disagree is refused when it is declared."""
+    from dataclasses import fields
+
+    from sessionmem_proxy import params
+
+    for route in ROUTES:
+        names = [f.name for f in fields(route.params)][: len(route.declared_params)]
+        assert names == [p.key for p in route.declared_params], route.op
+    raw = params.RawRequest({"conversationId": "c1"}, {"limit": "7"}, {"authorization": "Bearer x"})
+    parsed = params.parse(params.ReadParams, raw)
+    assert (parsed.conversation_id, parsed.limit, parsed.summary, parsed.authorization) == ("c1", 7, False, "Bearer x")
+    with pytest.raises(TypeError):
+        params.declared(_Swapped)
+
+
+@dataclass
+class _Swapped:
+    """Parameters whose fields are not in their declarations' order."""
+
+    PARAMS: ClassVar[tuple[Param, ...]] = (CAP, TTL)
+    ttl_seconds: int
+    cap: int

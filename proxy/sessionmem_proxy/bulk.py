@@ -1,0 +1,64 @@
+"""Operations over many entries or many keys, shared by the agents' routes (``lifecycle``) and the
+administrators' (``admin``): an export page, a page of a space's conversations, erasing a space."""
+
+from __future__ import annotations
+
+from sessionmem_proxy.keying import keys_under
+from sessionmem_proxy.store import ConversationStore
+
+_SCAN_BATCH = 200
+# A page scans at most this many batches, so one request stays bounded however sparse the keyspace.
+_MAX_SCANS_PER_PAGE = 50
+# An export is paged: each request answers entries from an offset up to about EXPORT_PAGE_BYTES, and the
+# offset of the next page, so the proxy holds about one page per request whatever the conversation's
+# length (granian's RSGI has no flow control for a streamed answer, so nothing is streamed). A page is read
+# in steps sized from the largest entry so far, starting small because entries may be up to
+# MAX_CONTENT_CHARS each.
+EXPORT_PAGE_BYTES = 1024 * 1024
+EXPORT_FIRST_STEP_ENTRIES = 4
+EXPORT_MAX_STEP_ENTRIES = 256
+
+
+async def export_page(store: ConversationStore, key: str, offset: int, length: int) -> tuple[list[bytes], int | None]:
+    """The stored entries of one export page, from ``offset`` of a list of ``length``; and the offset of the
+    next page, None once this one reached the end. Not a snapshot: entries written or trimmed between
+    pages shift the offsets, so a busy conversation's export may repeat or miss an entry at a page edge."""
+    page: list[bytes] = []
+    at, taken, step = offset, 0, EXPORT_FIRST_STEP_ENTRIES
+    while taken < EXPORT_PAGE_BYTES and at < length:
+        got = await store.read_range(key, at, min(at + step, length) - 1)
+        if not got:
+            return page, None  # trimmed meanwhile: the list ends here now
+        page += got
+        at += len(got)
+        taken += sum(map(len, got))
+        step = max(1, min(EXPORT_MAX_STEP_ENTRIES, (EXPORT_PAGE_BYTES - taken) // max(map(len, got))))
+    return page, at if at < length else None
+
+
+async def conversations_under(
+    store: ConversationStore, prefix: str, cursor: int, limit: int, direct_only: bool
+) -> tuple[list[str], int]:
+    """Keys directly under ``prefix`` (no nested per-user keys when ``direct_only``), one page."""
+    found: list[str] = []
+    for _ in range(_MAX_SCANS_PER_PAGE):
+        cursor, keys = await store.scan(keys_under(prefix), cursor, max(1, limit - len(found)))
+        found += [k for k in keys if not direct_only or ":" not in k[len(prefix) :]]
+        if cursor == 0 or len(found) >= limit:
+            break
+    return found, cursor
+
+
+async def delete_all(store: ConversationStore, prefix: str) -> tuple[list[str], int]:
+    removed_keys: list[str] = []
+    entries = 0
+    cursor = 0
+    while True:
+        cursor, keys = await store.scan(keys_under(prefix), cursor, _SCAN_BATCH)
+        for key in keys:
+            count = await store.delete(key)
+            if count:
+                removed_keys.append(key)
+                entries += count
+        if cursor == 0:
+            return removed_keys, entries
