@@ -79,13 +79,14 @@ done
 find "$images" -maxdepth 1 -name 'sessionmem-*.tar' ! -name "sessionmem-$key.tar" -delete
 
 # The demo agent (sessionmem_demo.agent) as an agent image: it listens on 127.0.0.1:$PORT, the port
-# the operator gives an agent behind the launcher, served the way `make run` serves it (stack.py).
+# the operator gives an agent behind the launcher. It is a plain ASGI app; the image carries granian (the
+# proxy's server) and not uvicorn (the demo extra, which `make run` uses), so granian serves it here.
 demo_image="localhost/sessionmem-e2e/demo-agent:$key"
 demo_archive="$images/demo-agent-$key.tar"
 if ! podman_ image exists "$demo_image"; then
     ctx="$(mktemp -d "$images/.tmp.XXXXXX")"
     printf '%s\n' "FROM $image" \
-        'CMD ["sh", "-c", "exec python -m uvicorn sessionmem_demo.agent:app --host 127.0.0.1 --port \"${PORT:-8081}\""]' \
+        'CMD ["sh", "-c", "exec granian --interface asginl --no-ws --host 127.0.0.1 --port \"${PORT:-8081}\" sessionmem_demo.agent:app"]' \
         >"$ctx/Containerfile"
     timed "podman build demo-agent" podman_ build --quiet --pull=never --tag "$demo_image" "$ctx" >/dev/null
     rm -rf "$ctx"
