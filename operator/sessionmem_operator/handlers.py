@@ -6,7 +6,6 @@ Run with ``python -m sessionmem_operator`` (or ``kopf run -m sessionmem_operator
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -60,7 +59,12 @@ def _post_warning(body: Any, reason: str, message: str) -> None:
     if not (body.get("metadata") or {}).get("namespace") and own_namespace() is None:
         _LOG.warning("%s %s: %s (no namespace of its own to post the Event in)", reason, body.get("kind"), message)
         return
-    kopf.warn(body, reason=reason, message=message)
+    try:
+        kopf.warn(body, reason=reason, message=message)
+    except LookupError:
+        # kopf posts Events only from its own per-object tasks; the resync task is none of them. The object's
+        # status conditions carry the same reason, so the Event becomes a log line instead of an error.
+        _LOG.warning("%s %s/%s: %s", reason, body.get("kind"), (body.get("metadata") or {}).get("name"), message)
 
 
 def _retry(exc: ReconcileError, attempt: int) -> kopf.TemporaryError:
@@ -83,7 +87,19 @@ async def _resync_forever(runtime: Runtime, index: Index, logger: Logger) -> Non
     whenever the operator is not running."""
     while True:
         await asyncio.sleep(runtime.config.resync_seconds)
-        await reconcile.resync_all(runtime, index, logger)
+        try:
+            await reconcile.resync_all(runtime, index, logger)
+        except Exception:
+            # Fail open for the loop: a round that breaks is logged and the next one runs. A task that died
+            # here would stop repairing drift for good, and its error would fail the cleanup on shutdown.
+            logger.exception("resync round failed; the next one runs in %ss", runtime.config.resync_seconds)
+
+
+async def _stop_resync(resync: asyncio.Task[None]) -> None:
+    resync.cancel()
+    # Whatever ended the task, this returns: kopf retries a cleanup that raises every few seconds, and the
+    # operator would never stop.
+    await asyncio.gather(resync, return_exceptions=True)
 
 
 @kopf.on.startup()
@@ -102,9 +118,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, logger: Logger, *
 async def stop(*, memo: Any, **_: Any) -> None:
     resync = memo.get("resync")
     if isinstance(resync, asyncio.Task):
-        resync.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await resync
+        await _stop_resync(resync)
     runtime = memo.get("runtime")
     if isinstance(runtime, Runtime):
         await runtime.kube.close()

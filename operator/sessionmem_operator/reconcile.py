@@ -340,4 +340,7 @@ async def resync_all(runtime: Runtime, index: MembershipIndex, logger: Logger) -
                 done += 1
             except ReconcileError as exc:
                 logger.warning("resync of %s/%s failed: %s", agent_namespace, name, exc)
+            except Exception:
+                # One agent's unexpected failure never stops the others' repair (fail open for the sweep).
+                logger.exception("resync of %s/%s failed unexpectedly", agent_namespace, name)
     return done
