@@ -147,22 +147,39 @@ class MixedLoad:
     def stop(self) -> None:
         self._stop.set()
 
-    async def run(self, seconds: float, max_ops: int) -> LoadResult:
-        """Run until ``seconds`` have passed, ``max_ops`` operations were made, or ``stop()``."""
+    async def run(
+        self, seconds: float, max_ops: int, *, min_acked: int = 0, max_seconds: float | None = None
+    ) -> LoadResult:
+        """Run until ``seconds`` have passed, ``max_ops`` operations were made, or ``stop()``. With
+        ``min_acked``, go on past ``seconds`` until that many writes were acknowledged (up to ``max_seconds``,
+        default ten times ``seconds``): a test that judges lost writes judges enough of them however slow
+        the machine is, instead of however many a fixed time allowed."""
         limits = httpx.Limits(max_connections=self.clients * 2, max_keepalive_connections=self.clients * 2)
         async with httpx.AsyncClient(
             base_url=self.base_url, headers=self.headers, timeout=self.timeout_seconds, limits=limits
         ) as http:
             self.result.started = time.monotonic()
             deadline = self.result.started + seconds
-            workers = [asyncio.create_task(self._worker(http, w, deadline, max_ops)) for w in range(self.clients)]
+            hard_deadline = self.result.started + (max_seconds if max_seconds is not None else 10 * seconds)
+            workers = [
+                asyncio.create_task(self._worker(http, w, deadline, hard_deadline, max_ops, min_acked))
+                for w in range(self.clients)
+            ]
             await asyncio.gather(*workers)
             self.result.finished = time.monotonic()
         return self.result
 
-    async def _worker(self, http: httpx.AsyncClient, worker: int, deadline: float, max_ops: int) -> None:
+    def _goes_on(self, deadline: float, hard_deadline: float, max_ops: int, min_acked: int) -> bool:
+        if self._stop.is_set() or self._ops >= max_ops:
+            return False
+        now = time.monotonic()
+        return now < deadline or (now < hard_deadline and self.result.acked_count() < min_acked)
+
+    async def _worker(
+        self, http: httpx.AsyncClient, worker: int, deadline: float, hard_deadline: float, max_ops: int, min_acked: int
+    ) -> None:
         seq = 0
-        while not self._stop.is_set() and time.monotonic() < deadline and self._ops < max_ops:
+        while self._goes_on(deadline, hard_deadline, max_ops, min_acked):
             self._ops += 1
             seq += 1
             conversation = self._random.choice(self.conversation_ids)
