@@ -36,6 +36,7 @@ class MemoryReason(StrEnum):
     USER_CAPABILITY_KEY_MISSING = "UserCapabilityKeyMissing"
     BACKEND_ADDR_IGNORED = "BackendAddrIgnored"
     KNATIVE_SERVING_NOT_INSTALLED = "KnativeServingNotInstalled"
+    NAME_CONFLICT = "NameConflict"
 
 
 # Chart values that fix each finding, named in its message so the reader knows what to change.
