@@ -8,6 +8,7 @@ sources kopf's own login uses, into a private Configuration so nothing global is
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from sessionmem_core import env, kube
+from sessionmem_core.env import ConfigError
 from sessionmem_operator.render import KNATIVE_API_VERSION
 
 FIELD_MANAGER = kube.MANAGED_BY
@@ -102,16 +104,34 @@ class KubeError(Exception):
 
 
 async def load_configuration() -> Any:
-    """In-cluster credentials when running in a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    """In-cluster credentials when running in a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config).
+
+    Without usable credentials: ConfigError saying where it looked and what to set (the operator exits
+    with it rather than retrying a login that cannot succeed)."""
     configuration = k8s_client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        # $KUBECONFIG is read now: kubernetes_asyncio's own default was fixed when it was first imported.
-        config_file = os.environ.get("KUBECONFIG") or _DEFAULT_KUBECONFIG
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except (k8s_config.ConfigException, OSError) as exc:
+            raise ConfigError(f"no usable in-cluster credentials (the pod's ServiceAccount token): {exc}") from exc
+        return configuration
+    # $KUBECONFIG is read now: kubernetes_asyncio's own default was fixed when it was first imported.
+    source = "$KUBECONFIG" if os.environ.get("KUBECONFIG") else "the default path"
+    config_file = os.environ.get("KUBECONFIG") or _DEFAULT_KUBECONFIG
+    fix = "set KUBECONFIG to a kubeconfig file with a current context, or run the operator in a pod"
+    if not await asyncio.to_thread(os.path.isfile, config_file):
+        raise ConfigError(
+            f"no Kubernetes credentials: not in a pod, and no kubeconfig file at {config_file} ({source}); {fix}"
+        )
+    try:
         await k8s_config.load_kube_config(
             config_file=config_file, client_configuration=configuration, persist_config=False
         )
+    except (k8s_config.ConfigException, OSError, TypeError, KeyError, ValueError) as exc:
+        # The loader reports an empty or malformed file in several ways: all mean the file cannot be used.
+        raise ConfigError(
+            f"no Kubernetes credentials: the kubeconfig {config_file} ({source}) is unusable: {exc}; {fix}"
+        ) from exc
     return configuration
 
 
