@@ -20,6 +20,7 @@ from sessionmem_core import env, kube
 from sessionmem_core.api import BUILTIN_REDACTORS
 from sessionmem_core.ids import DNS_LABEL_MAX
 from sessionmem_core.keys import Scope
+from sessionmem_operator.security import ADDABLE_CAPABILITIES
 from sessionmem_operator.spec import BUILTIN_SUMMARIZER, DEFAULT_TOKEN_COUNTER
 
 Schema = dict[str, Any]
@@ -324,6 +325,59 @@ def _memory_schema() -> Schema:
     )
 
 
+def _security_context_schema() -> Schema:
+    """The container securityContext fields Knative accepts (so a spec works under both models)."""
+    addable = ", ".join(f"'{name}'" for name in ADDABLE_CAPABILITIES)
+
+    def capability() -> Schema:
+        return string("A Linux capability name, e.g. NET_BIND_SERVICE.", maxLength=64)
+
+    return obj(
+        "The agent container's security context. Unset, it runs as Pod Security 'restricted' asks: "
+        "runAsNonRoot, no privilege escalation, every capability dropped, the RuntimeDefault seccomp profile. "
+        "Each field set here replaces that default (e.g. runAsUser for an image without a numeric USER, or "
+        "runAsNonRoot: false for one that must run as root, which a restricted namespace then refuses). The "
+        "launcher sidecar always runs restricted, with a read-only root filesystem.",
+        {
+            "runAsNonRoot": boolean("Refuse to start the container as root (default true)."),
+            "runAsUser": integer("The UID the container runs as (default: the image's USER).", minimum=0),
+            "runAsGroup": integer("The GID the container runs as (default: the image's).", minimum=0),
+            "allowPrivilegeEscalation": boolean("Whether a process may gain privileges (default false)."),
+            "readOnlyRootFilesystem": boolean("Mount the container's root filesystem read-only (default false)."),
+            "capabilities": obj(
+                "Linux capabilities to add and drop (default: drop ALL).",
+                {
+                    "add": array(
+                        f"Capabilities to add: only {', '.join(ADDABLE_CAPABILITIES)} (what Pod Security "
+                        "'restricted' and Knative allow).",
+                        capability(),
+                        maxItems=len(ADDABLE_CAPABILITIES),
+                    )
+                    | {
+                        "x-kubernetes-validations": [
+                            rule(
+                                f"self.all(c, c in [{addable}])",
+                                f"spec.securityContext.capabilities.add may only hold {addable}",
+                            )
+                        ]
+                    },
+                    "drop": array("Capabilities to drop, e.g. ALL.", capability(), maxItems=64),
+                },
+            ),
+            "seccompProfile": obj(
+                "The seccomp profile (default RuntimeDefault).",
+                {
+                    "type": string(
+                        "RuntimeDefault, Localhost or Unconfined.", enum=["RuntimeDefault", "Localhost", "Unconfined"]
+                    ),
+                    "localhostProfile": string("With type Localhost: the profile's path on the node.", maxLength=4096),
+                },
+                required=["type"],
+            ),
+        },
+    )
+
+
 def _env_schema() -> Schema:
     reserved = ", ".join(f"'{name}'" for name in KNATIVE_RESERVED_ENV)
     item = obj(
@@ -382,6 +436,7 @@ def agent_deployment_schema() -> Schema:
                 maximum=65535,
             ),
             "env": _env_schema(),
+            "securityContext": _security_context_schema(),
             "sessionMemory": _memory_schema(),
         },
         required=["image"],

@@ -12,6 +12,7 @@ from typing import Any
 
 from sessionmem_core import kube
 from sessionmem_operator.config import OperatorConfig
+from sessionmem_operator.security import agent_security_context
 from sessionmem_operator.spec import AgentSpec, ExecutionModel
 from sessionmem_operator.wiring import (
     SERVE_PORT_NAME,
@@ -90,7 +91,11 @@ def service_account(agent: AgentSpec) -> Manifest:
 
 def agent_container(agent: AgentSpec, *, set_port_env: bool) -> dict[str, Any]:
     variables = [{"name": name, "value": value} for name, value in agent.env]
-    container: dict[str, Any] = {"name": AGENT_CONTAINER, "image": agent.image}
+    container: dict[str, Any] = {
+        "name": AGENT_CONTAINER,
+        "image": agent.image,
+        "securityContext": agent_security_context(agent.security_context),
+    }
     if agent.memory is not None:
         # Behind the launcher the agent is a sidecar: Knative gives it no $PORT but lets us set one, so an
         # agent following the usual "listen on $PORT" contract works unchanged.

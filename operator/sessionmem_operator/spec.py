@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -103,6 +103,8 @@ class AgentSpec:
     port: int | None = None
     env: tuple[tuple[str, str], ...] = ()
     memory: MemorySpec | None = None
+    # spec.securityContext: fields replacing the agent container's `restricted` defaults (security.py).
+    security_context: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def owner(self) -> Owner:
@@ -143,4 +145,5 @@ def parse_agent(body: Mapping[str, Any]) -> AgentSpec:
         env=tuple((str(item["name"]), str(item.get("value", ""))) for item in spec.get("env") or ()),
         # `sessionMemory: {}` is "on with every default": only an absent (or null) field switches it off.
         memory=MemorySpec.from_spec(raw_memory) if raw_memory is not None else None,
+        security_context=dict(spec.get("securityContext") or {}),
     )

@@ -32,6 +32,7 @@ AUDIENCE = "sessionmem-test-audience"
 LAUNCHER_IMAGE = "registry.example/sessionmem:test"
 KSVC = "serving.knative.dev/v1"
 WAIT_SECONDS = 20.0
+_MERGE_PATCH = "application/merge-patch+json"
 
 T = TypeVar("T")
 
@@ -334,6 +335,11 @@ def test_shared_scope_needs_registry_membership(
             "spec.sessionMemory.tokenCounter",
         ),
         (
+            "bad-capability",
+            {"image": "x", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}},
+            "spec.securityContext.capabilities.add",
+        ),
+        (
             "zero-quota",
             {"image": "x", "sessionMemory": {"quota": {"maxConversations": 0}}},
             "spec.sessionMemory.quota.maxConversations",
@@ -356,6 +362,7 @@ def test_shared_scope_needs_registry_membership(
         "summary-threshold-at-cap",
         "bad-summary-endpoint",
         "bad-token-counter",
+        "capability-not-allowed",
         "quota-below-one",
     ],
 )
@@ -750,3 +757,44 @@ async def test_an_apply_lands_only_on_the_object_judged_ours(
         assert "ownerReferences" not in now["metadata"]
     finally:
         await api.close()
+
+
+# ---- Pod Security `restricted` (issue #37) ---------------------------------------------------------------
+
+
+def restricted_pod(cluster: KubeTestCluster, namespace: str, name: str, template: dict[str, Any]) -> dict[str, Any]:
+    """A Pod with the workload's pod template, created in `namespace`: the API server's PodSecurity
+    admission judges it (no kubelet needed)."""
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}}
+    return cluster.rest.create({**body, "spec": template["spec"]}, namespace=namespace)
+
+
+@pytest.mark.parametrize("model", ["serving", "deployment"])
+def test_agent_pods_pass_pod_security_restricted(
+    kube_cluster: KubeTestCluster, kube_namespace: str, operator: KopfRunner, model: str
+) -> None:
+    ns = kube_namespace
+    labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+    kube_cluster.rest.request(
+        "PATCH", f"/api/v1/namespaces/{ns}", body={"metadata": {"labels": labels}}, content_type=_MERGE_PATCH
+    )
+    api_version, kind = (KSVC, "Service") if model == "serving" else ("apps/v1", "Deployment")
+    kube_cluster.apply_manifests(manifest(ns, executionModel=model))
+    workload = wait_workload(kube_cluster, ns, has_launcher, "the wired workload", api_version, kind)
+    created = restricted_pod(kube_cluster, ns, "as-rendered", pod_template(workload))
+    assert created["metadata"]["name"] == "as-rendered"
+
+    # An agent that says it must run as root gets exactly that, and a restricted namespace refuses it.
+    kube_cluster.apply_manifests(manifest(ns, executionModel=model, securityContext={"runAsNonRoot": False}))
+    root = wait_workload(
+        kube_cluster,
+        ns,
+        lambda b: containers(b)["agent"]["securityContext"]["runAsNonRoot"] is False,
+        "the agent's own security context",
+        api_version,
+        kind,
+    )
+    assert containers(root)["sessionmem-launcher"]["securityContext"]["runAsNonRoot"] is True
+    with pytest.raises(KubeApiError) as refused:
+        restricted_pod(kube_cluster, ns, "as-root", pod_template(root))
+    assert refused.value.code == 403 and "runAsNonRoot" in refused.value.message
