@@ -36,6 +36,11 @@ DEFAULT_TTL = f"{env.DEFAULT_TTL_SECONDS // 3600}h"
 # DNS-1035 label: AgentDeployment names become v1 Service names, which must start with a letter.
 DNS_1035_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 DNS_1123_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_1123_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# A Kubernetes resource quantity (resource.Quantity's serialised form).
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 # "host:port" with a DNS name, an IPv4 address or a bracketed IPv6 address.
 BACKEND_ADDR_PATTERN = r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?):[0-9]{1,5}$"
 MAX_REPLAY_TOKENS = 10_000_000
@@ -325,6 +330,93 @@ def _memory_schema() -> Schema:
     )
 
 
+def _quantities(description: str) -> Schema:
+    quantity = {
+        "x-kubernetes-int-or-string": True,
+        "pattern": QUANTITY_PATTERN,
+        "description": "A quantity, e.g. 500m or 1 (cpu), 256Mi (memory).",
+    }
+    return {
+        "type": "object",
+        "description": description,
+        "additionalProperties": quantity,
+        "maxProperties": 16,
+    }
+
+
+def _pod_placement_schemas() -> dict[str, Schema]:
+    """What a real agent needs beyond its image, each accepted by a Deployment and by Knative (nodeSelector
+    and tolerations behind Knative's kubernetes.podspec-nodeselector / -tolerations feature flags)."""
+    name = string(
+        "The name of a Secret in the AgentDeployment's namespace.", pattern=DNS_1123_SUBDOMAIN_PATTERN, maxLength=253
+    )
+    toleration = obj(
+        "A taint this agent's pods tolerate (as in a pod spec).",
+        {
+            "key": string("The taint key; empty with operator Exists: every taint.", maxLength=316),
+            "operator": string("Equal (default) or Exists.", enum=["Equal", "Exists"]),
+            "value": string("The taint value (with Equal).", maxLength=63),
+            "effect": string(
+                "NoSchedule, PreferNoSchedule or NoExecute; empty: every effect.",
+                enum=["NoSchedule", "PreferNoSchedule", "NoExecute"],
+            ),
+            "tolerationSeconds": integer("With NoExecute: how long the pod stays bound after the taint appears."),
+        },
+    )
+    return {
+        "resources": obj(
+            "The agent container's compute resources, as in a container spec (the launcher's come from the "
+            "operator's launcherResources).",
+            {
+                "requests": _quantities("Minimum resources, e.g. {cpu: 100m, memory: 256Mi}."),
+                "limits": _quantities("Maximum resources, e.g. {memory: 512Mi}."),
+            },
+        ),
+        "imagePullSecrets": array(
+            "Secrets holding the registry credentials to pull the agent image.",
+            obj(
+                "A reference to a Secret of type kubernetes.io/dockerconfigjson.",
+                {"name": copy.deepcopy(name)},
+                required=["name"],
+            ),
+            maxItems=16,
+            **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        ),
+        "nodeSelector": {
+            "type": "object",
+            "description": "Node labels the agent's pods must run on (on Knative: the kubernetes.podspec-nodeselector "
+            "feature flag must be enabled).",
+            "additionalProperties": {"type": "string", "maxLength": 63},
+            "maxProperties": 32,
+        },
+        "tolerations": array(
+            "Taints the agent's pods tolerate (on Knative: the kubernetes.podspec-tolerations feature flag must be "
+            "enabled).",
+            toleration,
+            maxItems=32,
+        ),
+        "envFrom": array(
+            "Secrets whose keys become environment variables of the agent container (secret values stay out of "
+            "the AgentDeployment). spec.env wins over a key of the same name.",
+            obj(
+                "One Secret to take variables from.",
+                {
+                    "secretRef": obj(
+                        "The Secret.",
+                        {
+                            "name": copy.deepcopy(name),
+                            "optional": boolean("Start even when the Secret does not exist (default false)."),
+                        },
+                        required=["name"],
+                    )
+                },
+                required=["secretRef"],
+            ),
+            maxItems=16,
+        ),
+    }
+
+
 def _security_context_schema() -> Schema:
     """The container securityContext fields Knative accepts (so a spec works under both models)."""
     addable = ", ".join(f"'{name}'" for name in ADDABLE_CAPABILITIES)
@@ -437,6 +529,7 @@ def agent_deployment_schema() -> Schema:
             ),
             "env": _env_schema(),
             "securityContext": _security_context_schema(),
+            **_pod_placement_schemas(),
             "sessionMemory": _memory_schema(),
         },
         required=["image"],

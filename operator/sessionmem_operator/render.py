@@ -7,6 +7,7 @@ collector remove the lot: the operator needs no finalizer.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +107,10 @@ def agent_container(agent: AgentSpec, *, set_port_env: bool) -> dict[str, Any]:
             variables.append({"name": PORT_ENV, "value": str(agent.agent_port)})
     if variables:
         container["env"] = variables
+    if agent.env_from:
+        container["envFrom"] = [copy.deepcopy(dict(item)) for item in agent.env_from]
+    if agent.resources:
+        container["resources"] = copy.deepcopy(dict(agent.resources))
     return container
 
 
@@ -127,6 +132,12 @@ def pod_template(agent: AgentSpec, resolution: MemoryResolution, config: Operato
     spec: dict[str, Any] = {"serviceAccountName": sa_name, "containers": containers}
     if volumes:
         spec["volumes"] = volumes
+    if agent.image_pull_secrets:
+        spec["imagePullSecrets"] = [copy.deepcopy(dict(item)) for item in agent.image_pull_secrets]
+    if agent.node_selector:
+        spec["nodeSelector"] = dict(agent.node_selector)
+    if agent.tolerations:
+        spec["tolerations"] = [copy.deepcopy(dict(item)) for item in agent.tolerations]
     metadata: dict[str, Any] = {"labels": labels(agent)}
     if annotations:
         metadata["annotations"] = annotations

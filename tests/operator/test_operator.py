@@ -340,6 +340,11 @@ def test_shared_scope_needs_registry_membership(
             "spec.securityContext.capabilities.add",
         ),
         (
+            "bad-quantity",
+            {"image": "x", "resources": {"limits": {"memory": "lots"}}},
+            "spec.resources.limits.memory",
+        ),
+        (
             "zero-quota",
             {"image": "x", "sessionMemory": {"quota": {"maxConversations": 0}}},
             "spec.sessionMemory.quota.maxConversations",
@@ -363,6 +368,7 @@ def test_shared_scope_needs_registry_membership(
         "bad-summary-endpoint",
         "bad-token-counter",
         "capability-not-allowed",
+        "bad-resource-quantity",
         "quota-below-one",
     ],
 )
@@ -798,3 +804,35 @@ def test_agent_pods_pass_pod_security_restricted(
     with pytest.raises(KubeApiError) as refused:
         restricted_pod(kube_cluster, ns, "as-root", pod_template(root))
     assert refused.value.code == 403 and "runAsNonRoot" in refused.value.message
+
+
+@pytest.mark.parametrize("model", ["serving", "deployment"])
+def test_resources_pull_secrets_placement_and_secret_env_reach_the_workload(
+    kube_cluster: KubeTestCluster, kube_namespace: str, operator: KopfRunner, model: str
+) -> None:
+    ns = kube_namespace
+    fields: dict[str, Any] = {
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+        "imagePullSecrets": [{"name": "registry-creds"}],
+        "nodeSelector": {"kubernetes.io/arch": "arm64"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "envFrom": [{"secretRef": {"name": "agent-api-keys"}}],
+    }
+    api_version, kind = (KSVC, "Service") if model == "serving" else ("apps/v1", "Deployment")
+    kube_cluster.apply_manifests(manifest(ns, executionModel=model, **copy.deepcopy(fields)))
+    workload = wait_workload(kube_cluster, ns, has_launcher, "the wired workload", api_version, kind)
+    pod = pod_template(workload)["spec"]
+    agent_container = containers(workload)["agent"]
+    assert agent_container["resources"] == fields["resources"]
+    assert agent_container["envFrom"] == fields["envFrom"]
+    assert (pod["imagePullSecrets"], pod["nodeSelector"]) == (fields["imagePullSecrets"], fields["nodeSelector"])
+    assert pod["tolerations"] == fields["tolerations"]
+    wait_condition(kube_cluster, ns, "MemoryReady", "True", "Wired")
+
+    # Dropped from the AgentDeployment, they leave the workload (the operator owns what it rendered).
+    kube_cluster.apply_manifests(manifest(ns, executionModel=model))
+    bare = wait_workload(
+        kube_cluster, ns, lambda b: "nodeSelector" not in pod_template(b)["spec"], "the fields gone", api_version, kind
+    )
+    assert not {"imagePullSecrets", "tolerations"} & set(pod_template(bare)["spec"])
+    assert "envFrom" not in containers(bare)["agent"]

@@ -413,3 +413,35 @@ def test_the_agents_security_context_replaces_defaults_field_by_field_never_the_
     bare = design_manifest()
     del bare["spec"]["sessionMemory"]
     assert containers(pod_of(bare))[AGENT_CONTAINER]["securityContext"]["runAsNonRoot"] is True
+
+
+RUN_FIELDS: dict[str, Any] = {
+    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+    "imagePullSecrets": [{"name": "registry-creds"}],
+    "nodeSelector": {"kubernetes.io/arch": "arm64"},
+    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "envFrom": [{"secretRef": {"name": "agent-api-keys"}}],
+}
+
+
+@pytest.mark.parametrize("model", ["serving", "deployment"])
+@pytest.mark.parametrize("memory", [True, False], ids=["with-memory", "without-memory"])
+def test_what_a_real_agent_needs_reaches_its_pod(model: str, memory: bool) -> None:
+    manifest = design_manifest()
+    manifest["spec"].update(copy.deepcopy(RUN_FIELDS), executionModel=model)
+    if not memory:
+        del manifest["spec"]["sessionMemory"]
+    pod = pod_of(manifest)
+    agent = containers(pod)[AGENT_CONTAINER]
+    assert agent["resources"] == RUN_FIELDS["resources"]
+    assert agent["envFrom"] == RUN_FIELDS["envFrom"]
+    for field in ("imagePullSecrets", "nodeSelector", "tolerations"):
+        assert pod[field] == RUN_FIELDS[field]
+    if memory:  # the launcher keeps its own resources and never sees the agent's Secrets
+        launcher = containers(pod)[LAUNCHER_CONTAINER]
+        assert "envFrom" not in launcher and launcher["resources"] == {
+            section: dict(values) for section, values in PROXY.launcher_resources.items()
+        }
+    plain = pod_of(design_manifest())
+    assert not {"imagePullSecrets", "nodeSelector", "tolerations"} & set(plain)
+    assert not {"resources", "envFrom"} & set(containers(plain)[AGENT_CONTAINER])
