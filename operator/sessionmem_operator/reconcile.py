@@ -231,7 +231,10 @@ async def _reconcile_locked(
     plan = plan_writes(agent.name, agent.uid, found)
     if plan.blocked:
         # Fail-closed: a name held by an object that is not ours stops every write for this agent, until
-        # the periodic resync finds it free.
+        # the periodic resync finds it free. Our own leftovers of the other execution model still go: after
+        # serving -> deployment, Knative's route Service holds the name until our Knative Service is gone.
+        if _workload_ref_of(previous) != rendered.workload:
+            await _remove_stale(runtime, agent, rendered.stale)
         await _report_conflicts(runtime, body, agent, previous, resolution, plan.conflicts, logger)
         return
     applied: dict[tuple[str, str], dict[str, Any]] = {}

@@ -836,3 +836,51 @@ def test_resources_pull_secrets_placement_and_secret_env_reach_the_workload(
     )
     assert not {"imagePullSecrets", "tolerations"} & set(pod_template(bare)["spec"])
     assert "envFrom" not in containers(bare)["agent"]
+
+
+def test_switching_to_deployment_waits_for_knatives_route_service_and_then_takes_over(
+    kube_cluster: KubeTestCluster, kube_namespace: str, operator: KopfRunner
+) -> None:
+    """Knative's route Service has the agent's name; it is the Route's, the Route the Knative Service's.
+    After a switch to deployment the operator deletes its Knative Service, the garbage collector the rest,
+    and the name is free for the agent's own Service."""
+    ns = kube_namespace
+    kube_cluster.apply_manifests(manifest(ns))
+    ksvc = wait_workload(kube_cluster, ns, has_launcher, "the Knative Service")
+    owner = {"controller": True, "blockOwnerDeletion": False}
+    by_ksvc = {**owner, "apiVersion": KSVC, "kind": "Service", "name": "support-agent", "uid": ksvc["metadata"]["uid"]}
+    route = kube_cluster.rest.create(
+        {
+            "apiVersion": KSVC,
+            "kind": "Route",
+            "metadata": {"name": "support-agent", "namespace": ns, "ownerReferences": [by_ksvc]},
+            "spec": {},
+        },
+        namespace=ns,
+    )
+    by_route = {**owner, "apiVersion": KSVC, "kind": "Route", "name": "support-agent", "uid": route["metadata"]["uid"]}
+    kube_cluster.rest.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "support-agent", "namespace": ns, "ownerReferences": [by_route]},
+            "spec": {"type": "ExternalName", "externalName": "kourier-internal.kourier-system.svc.cluster.local"},
+        },
+        namespace=ns,
+    )
+
+    kube_cluster.apply_manifests(manifest(ns, executionModel="deployment"))
+    wait_workload(kube_cluster, ns, has_launcher, "the Deployment", "apps/v1", "Deployment")
+    service = wait_for(
+        lambda: (
+            (found := get(kube_cluster, "v1", "Service", "support-agent", ns))
+            and found["spec"].get("type") != "ExternalName"
+            and found
+        ),
+        "the agent's own Service",
+        timeout=WAIT_SECONDS + 3 * RESYNC_SECONDS,
+    )
+    assert service["metadata"]["ownerReferences"][0]["kind"] == kube.AGENT_KIND
+    assert get(kube_cluster, KSVC, "Service", "support-agent", ns) is None
+    body = wait_condition(kube_cluster, ns, "MemoryReady", "True", "Wired")
+    assert body["status"]["workload"]["kind"] == "Deployment"

@@ -255,6 +255,28 @@ async def test_a_same_named_object_someone_else_owns_is_left_alone(runtime: Runt
     assert SERVICE_KEY in fake.objects and SERVICE_KEY not in fake.deleted
 
 
+async def test_switching_to_deployment_removes_our_knative_service_even_while_its_route_holds_the_name(
+    runtime: Runtime, fake: FakeKube
+) -> None:
+    stored_agent(fake)
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+    route = {"apiVersion": "serving.knative.dev/v1", "kind": "Route", "controller": True, "uid": "route"}
+    meta = {"name": "support-agent", "namespace": "my-team", "uid": "route-svc", "ownerReferences": [route]}
+    fake.put({"apiVersion": "v1", "kind": "Service", "metadata": meta})
+
+    def deployment_model(spec: dict[str, Any]) -> None:
+        spec["executionModel"] = "deployment"
+
+    stored_agent(fake, deployment_model, generation=2)
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+    assert KSVC_KEY in fake.deleted  # so the garbage collector can take the Route and its Service
+    assert condition(fake, "Ready")["reason"] == "NameConflict"
+    del fake.objects[SERVICE_KEY]  # what the garbage collector does next
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+    assert {DEPLOY_KEY, SERVICE_KEY} <= set(fake.objects)
+    assert fake.objects[AGENT_KEY]["status"]["workload"]["kind"] == "Deployment"
+
+
 async def test_a_name_taken_by_a_foreign_object_blocks_every_write_until_it_is_free(
     runtime: Runtime, fake: FakeKube, warnings: Warnings
 ) -> None:
