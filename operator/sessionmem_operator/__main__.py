@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 
 import kopf
 
 from sessionmem_core import env
 from sessionmem_core.env import ConfigError
+from sessionmem_operator import kubeapi
 from sessionmem_operator.config import OperatorConfig
 
 DESCRIPTION = (
@@ -21,7 +23,9 @@ EPILOG = f"""settings (environment):
   {env.OPERATOR_LAUNCHER_IMAGE}  image of the launcher sidecar
   {env.OPERATOR_AUDIENCE}        audience of the agents' projected tokens
   {env.OPERATOR_TOKEN_EXPIRATION_SECONDS}  lifetime of those tokens
-  KUBECONFIG (outside a pod)     which cluster to reconcile
+  {env.OPERATOR_NAMESPACE}       where Events about AgentRegistries go (default: the pod's namespace)
+  KUBECONFIG (outside a pod)     which cluster to reconcile; without one (or in-cluster credentials) the
+                                 operator exits with a message
 """
 
 
@@ -41,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # Loaded here once to fail fast with a readable message; the start-up handler loads it for kopf.
         config = OperatorConfig.load()
+        # The same for the credentials: a login that cannot succeed would otherwise be retried forever.
+        asyncio.run(kubeapi.load_configuration())
     except ConfigError as exc:
         print(f"sessionmem-operator: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

@@ -20,6 +20,7 @@ from sessionmem_core import env, kube
 from sessionmem_core.api import BUILTIN_REDACTORS
 from sessionmem_core.ids import DNS_LABEL_MAX
 from sessionmem_core.keys import Scope
+from sessionmem_operator.security import ADDABLE_CAPABILITIES
 from sessionmem_operator.spec import BUILTIN_SUMMARIZER, DEFAULT_TOKEN_COUNTER
 
 Schema = dict[str, Any]
@@ -35,6 +36,11 @@ DEFAULT_TTL = f"{env.DEFAULT_TTL_SECONDS // 3600}h"
 # DNS-1035 label: AgentDeployment names become v1 Service names, which must start with a letter.
 DNS_1035_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 DNS_1123_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_1123_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# A Kubernetes resource quantity (resource.Quantity's serialised form).
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 # "host:port" with a DNS name, an IPv4 address or a bracketed IPv6 address.
 BACKEND_ADDR_PATTERN = r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?):[0-9]{1,5}$"
 MAX_REPLAY_TOKENS = 10_000_000
@@ -324,6 +330,146 @@ def _memory_schema() -> Schema:
     )
 
 
+def _quantities(description: str) -> Schema:
+    quantity = {
+        "x-kubernetes-int-or-string": True,
+        "pattern": QUANTITY_PATTERN,
+        "description": "A quantity, e.g. 500m or 1 (cpu), 256Mi (memory).",
+    }
+    return {
+        "type": "object",
+        "description": description,
+        "additionalProperties": quantity,
+        "maxProperties": 16,
+    }
+
+
+def _pod_placement_schemas() -> dict[str, Schema]:
+    """What a real agent needs beyond its image, each accepted by a Deployment and by Knative (nodeSelector
+    and tolerations behind Knative's kubernetes.podspec-nodeselector / -tolerations feature flags)."""
+    name = string(
+        "The name of a Secret in the AgentDeployment's namespace.", pattern=DNS_1123_SUBDOMAIN_PATTERN, maxLength=253
+    )
+    toleration = obj(
+        "A taint this agent's pods tolerate (as in a pod spec).",
+        {
+            "key": string("The taint key; empty with operator Exists: every taint.", maxLength=316),
+            "operator": string("Equal (default) or Exists.", enum=["Equal", "Exists"]),
+            "value": string("The taint value (with Equal).", maxLength=63),
+            "effect": string(
+                "NoSchedule, PreferNoSchedule or NoExecute; empty: every effect.",
+                enum=["NoSchedule", "PreferNoSchedule", "NoExecute"],
+            ),
+            "tolerationSeconds": integer("With NoExecute: how long the pod stays bound after the taint appears."),
+        },
+    )
+    return {
+        "resources": obj(
+            "The agent container's compute resources, as in a container spec (the launcher's come from the "
+            "operator's launcherResources).",
+            {
+                "requests": _quantities("Minimum resources, e.g. {cpu: 100m, memory: 256Mi}."),
+                "limits": _quantities("Maximum resources, e.g. {memory: 512Mi}."),
+            },
+        ),
+        "imagePullSecrets": array(
+            "Secrets holding the registry credentials to pull the agent image.",
+            obj(
+                "A reference to a Secret of type kubernetes.io/dockerconfigjson.",
+                {"name": copy.deepcopy(name)},
+                required=["name"],
+            ),
+            maxItems=16,
+            **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        ),
+        "nodeSelector": {
+            "type": "object",
+            "description": "Node labels the agent's pods must run on (on Knative: the kubernetes.podspec-nodeselector "
+            "feature flag must be enabled).",
+            "additionalProperties": {"type": "string", "maxLength": 63},
+            "maxProperties": 32,
+        },
+        "tolerations": array(
+            "Taints the agent's pods tolerate (on Knative: the kubernetes.podspec-tolerations feature flag must be "
+            "enabled).",
+            toleration,
+            maxItems=32,
+        ),
+        "envFrom": array(
+            "Secrets whose keys become environment variables of the agent container (secret values stay out of "
+            "the AgentDeployment). spec.env wins over a key of the same name.",
+            obj(
+                "One Secret to take variables from.",
+                {
+                    "secretRef": obj(
+                        "The Secret.",
+                        {
+                            "name": copy.deepcopy(name),
+                            "optional": boolean("Start even when the Secret does not exist (default false)."),
+                        },
+                        required=["name"],
+                    )
+                },
+                required=["secretRef"],
+            ),
+            maxItems=16,
+        ),
+    }
+
+
+def _security_context_schema() -> Schema:
+    """The container securityContext fields Knative accepts (so a spec works under both models)."""
+    addable = ", ".join(f"'{name}'" for name in ADDABLE_CAPABILITIES)
+
+    def capability() -> Schema:
+        return string("A Linux capability name, e.g. NET_BIND_SERVICE.", maxLength=64)
+
+    return obj(
+        "The agent container's security context. Unset, it runs as Pod Security 'restricted' asks: "
+        "runAsNonRoot, no privilege escalation, every capability dropped, the RuntimeDefault seccomp profile. "
+        "Each field set here replaces that default (e.g. runAsUser for an image without a numeric USER, or "
+        "runAsNonRoot: false for one that must run as root, which a restricted namespace then refuses). The "
+        "launcher sidecar always runs restricted, with a read-only root filesystem.",
+        {
+            "runAsNonRoot": boolean("Refuse to start the container as root (default true)."),
+            "runAsUser": integer("The UID the container runs as (default: the image's USER).", minimum=0),
+            "runAsGroup": integer("The GID the container runs as (default: the image's).", minimum=0),
+            "allowPrivilegeEscalation": boolean("Whether a process may gain privileges (default false)."),
+            "readOnlyRootFilesystem": boolean("Mount the container's root filesystem read-only (default false)."),
+            "capabilities": obj(
+                "Linux capabilities to add and drop (default: drop ALL).",
+                {
+                    "add": array(
+                        f"Capabilities to add: only {', '.join(ADDABLE_CAPABILITIES)} (what Pod Security "
+                        "'restricted' and Knative allow).",
+                        capability(),
+                        maxItems=len(ADDABLE_CAPABILITIES),
+                    )
+                    | {
+                        "x-kubernetes-validations": [
+                            rule(
+                                f"self.all(c, c in [{addable}])",
+                                f"spec.securityContext.capabilities.add may only hold {addable}",
+                            )
+                        ]
+                    },
+                    "drop": array("Capabilities to drop, e.g. ALL.", capability(), maxItems=64),
+                },
+            ),
+            "seccompProfile": obj(
+                "The seccomp profile (default RuntimeDefault).",
+                {
+                    "type": string(
+                        "RuntimeDefault, Localhost or Unconfined.", enum=["RuntimeDefault", "Localhost", "Unconfined"]
+                    ),
+                    "localhostProfile": string("With type Localhost: the profile's path on the node.", maxLength=4096),
+                },
+                required=["type"],
+            ),
+        },
+    )
+
+
 def _env_schema() -> Schema:
     reserved = ", ".join(f"'{name}'" for name in KNATIVE_RESERVED_ENV)
     item = obj(
@@ -382,6 +528,8 @@ def agent_deployment_schema() -> Schema:
                 maximum=65535,
             ),
             "env": _env_schema(),
+            "securityContext": _security_context_schema(),
+            **_pod_placement_schemas(),
             "sessionMemory": _memory_schema(),
         },
         required=["image"],

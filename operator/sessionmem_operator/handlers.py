@@ -20,8 +20,8 @@ from sessionmem_operator.reconcile import Logger, ReconcileError, Runtime
 
 # Retried reconciles wait this long (seconds) when the error gives no better hint.
 RETRY_DELAY = 5.0
-# Refusals (4xx) are re-checked less often: most need a human, but some clear by themselves, e.g. the
-# children of a just-deleted AgentDeployment of the same name still awaiting garbage collection.
+# Refusals (4xx) are re-checked less often: most need a human (a webhook or RBAC refusing a child), and
+# retrying one hot helps nobody. (A name held by another object is no error: NameConflict, see ownership.py.)
 SLOW_RETRY_DELAY = 30.0
 MAX_RETRY_DELAY = 900.0
 # Registry deletions have no kopf retry (they arrive as plain watch events): a few attempts of our own.

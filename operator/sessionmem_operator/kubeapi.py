@@ -8,6 +8,7 @@ sources kopf's own login uses, into a private Configuration so nothing global is
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from sessionmem_core import env, kube
+from sessionmem_core.env import ConfigError
 from sessionmem_operator.render import KNATIVE_API_VERSION
 
 FIELD_MANAGER = kube.MANAGED_BY
@@ -30,6 +32,7 @@ REQUEST_TIMEOUT_SECONDS = 30.0
 _JSON = "application/json"
 _APPLY = "application/apply-patch+yaml"
 _MERGE = "application/merge-patch+json"
+_JSON_PATCH = "application/json-patch+json"
 _DEFAULT_KUBECONFIG = os.path.expanduser("~/.kube/config")
 _POD_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -101,16 +104,34 @@ class KubeError(Exception):
 
 
 async def load_configuration() -> Any:
-    """In-cluster credentials when running in a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    """In-cluster credentials when running in a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config).
+
+    Without usable credentials: ConfigError saying where it looked and what to set (the operator exits
+    with it rather than retrying a login that cannot succeed)."""
     configuration = k8s_client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        # $KUBECONFIG is read now: kubernetes_asyncio's own default was fixed when it was first imported.
-        config_file = os.environ.get("KUBECONFIG") or _DEFAULT_KUBECONFIG
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except (k8s_config.ConfigException, OSError) as exc:
+            raise ConfigError(f"no usable in-cluster credentials (the pod's ServiceAccount token): {exc}") from exc
+        return configuration
+    # $KUBECONFIG is read now: kubernetes_asyncio's own default was fixed when it was first imported.
+    source = "$KUBECONFIG" if os.environ.get("KUBECONFIG") else "the default path"
+    config_file = os.environ.get("KUBECONFIG") or _DEFAULT_KUBECONFIG
+    fix = "set KUBECONFIG to a kubeconfig file with a current context, or run the operator in a pod"
+    if not await asyncio.to_thread(os.path.isfile, config_file):
+        raise ConfigError(
+            f"no Kubernetes credentials: not in a pod, and no kubeconfig file at {config_file} ({source}); {fix}"
+        )
+    try:
         await k8s_config.load_kube_config(
             config_file=config_file, client_configuration=configuration, persist_config=False
         )
+    except (k8s_config.ConfigException, OSError, TypeError, KeyError, ValueError) as exc:
+        # The loader reports an empty or malformed file in several ways: all mean the file cannot be used.
+        raise ConfigError(
+            f"no Kubernetes credentials: the kubeconfig {config_file} ({source}) is unusable: {exc}; {fix}"
+        ) from exc
     return configuration
 
 
@@ -141,6 +162,21 @@ async def connection_info(configuration: Any) -> kopf.ConnectionInfo:
         private_key_path=configuration.key_file,
         default_namespace=own_namespace(),
     )
+
+
+def _as_applied(created: Mapping[str, Any], uid: str) -> list[dict[str, Any]]:
+    """A JSON patch turning the operator's update entry of a just-created object into its apply entry
+    (the same fields), guarded by the object's uid."""
+    entries = [
+        {**entry, "operation": "Apply"}
+        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Update"
+        else entry
+        for entry in (created.get("metadata") or {}).get("managedFields") or ()
+    ]
+    return [
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "replace", "path": "/metadata/managedFields", "value": entries},
+    ]
 
 
 class KubeApi:
@@ -206,18 +242,64 @@ class KubeApi:
             if not token:
                 return found
 
-    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
-        """Create or update by server-side apply. Forced: the operator owns every field it renders, and a
-        field it stops rendering is removed."""
+    async def apply(self, manifest: Mapping[str, Any], *, uid: str | None) -> dict[str, Any]:
+        """Write a child the operator may write (ownership.py decided), pinned to the object it judged ours:
+        `uid` is that object's uid, or None when none existed. Fail-closed either way: an object created or
+        replaced by someone else since it was read is refused by the API server, never taken over.
+
+        - `uid` given: server-side apply, forced (the operator owns every field it renders, and a field it
+          stops rendering is removed), with the uid in the applied metadata, where it is immutable: on
+          another incarnation the apply is refused (422); if the object is gone, it is created as below.
+        - None: a plain create, refused (409 AlreadyExists) if the name was taken meanwhile; a server-side
+          apply would have merged into such an object. The create records the fields as an update, so
+          they are then handed to the operator's apply entry, exactly as an apply would have created them
+          (otherwise a field it stops rendering would stay)."""
         meta = manifest["metadata"]
         kind = kind_of(str(manifest["apiVersion"]), str(manifest["kind"]))
+        namespace, name = meta.get("namespace"), str(meta["name"])
+        if uid is not None:
+            try:
+                return await self._apply_pinned(kind, manifest, uid)
+            except KubeError as exc:
+                # 409: the object is gone since it was read (deleted by hand, or by a test): create it.
+                if exc.status != 409 or await self.get(kind, namespace, name) is not None:
+                    raise
+        return await self._create(kind, manifest)
+
+    async def _apply_pinned(self, kind: Kind, manifest: Mapping[str, Any], uid: str) -> dict[str, Any]:
+        meta = manifest["metadata"]
         return await self._call(
             "PATCH",
             kind.path(meta.get("namespace"), str(meta["name"])),
-            body=dict(manifest),
+            body={**manifest, "metadata": {**meta, "uid": uid}},
             content_type=_APPLY,
             query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
         )
+
+    async def _create(self, kind: Kind, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """POST, then the fields to the apply entry, then the apply itself: the object ends as a server-side
+        apply would have created it (three writes, on creation only), so later applies are no-ops."""
+        meta = manifest["metadata"]
+        namespace, name = meta.get("namespace"), str(meta["name"])
+        created = await self._call(
+            "POST", kind.collection_path(namespace), body=dict(manifest), query=[("fieldManager", FIELD_MANAGER)]
+        )
+        created_uid = str((created.get("metadata") or {}).get("uid"))
+        try:
+            # The update entry holds the defaulted fields too; the apply then lets go of those it does not set.
+            await self._call(
+                "PATCH",
+                kind.path(namespace, name),
+                body=_as_applied(created, created_uid),
+                content_type=_JSON_PATCH,
+                query=[("fieldManager", FIELD_MANAGER)],
+            )
+            return await self._apply_pinned(kind, manifest, created_uid)
+        except KubeError:
+            # Never leave an object whose fields the next apply could not remove: the next reconcile creates
+            # it again.
+            await self.delete(kind, namespace, name, uid=created_uid)
+            raise
 
     async def delete(self, kind: Kind, namespace: str | None, name: str, *, uid: str | None = None) -> bool:
         """Delete (dependents in the background). With `uid`, only that incarnation of the object. Returns

@@ -16,10 +16,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sessionmem_core import kube
 from sessionmem_operator import kubeapi, registry
 from sessionmem_operator.config import OperatorConfig
 from sessionmem_operator.kubeapi import KubeApi, kind_of
+from sessionmem_operator.ownership import (
+    NAME_CONFLICT,
+    Conflict,
+    conflict_message,
+    controller_of,
+    owned_by,
+    plan_writes,
+)
 from sessionmem_operator.render import KNATIVE_SERVICE_KIND, ObjectRef, render
 from sessionmem_operator.spec import AgentSpec, SpecError, parse_agent
 from sessionmem_operator.status import (
@@ -77,14 +84,6 @@ def _meta(body: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
-def controller_of(body: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(name, uid) of the AgentDeployment controlling a child object, if one does."""
-    for ref in _meta(body).get("ownerReferences") or ():
-        if ref.get("controller") and ref.get("apiVersion") == kube.API_VERSION and ref.get("kind") == kube.AGENT_KIND:
-            return str(ref.get("name")), str(ref.get("uid"))
-    return None
-
-
 def _workload_ref_of(status: Mapping[str, Any]) -> ObjectRef | None:
     workload = status.get("workload")
     if not isinstance(workload, Mapping) or not all(workload.get(k) for k in ("apiVersion", "kind", "name")):
@@ -100,8 +99,7 @@ async def _remove_stale(runtime: Runtime, agent: AgentSpec, stale: Iterable[Obje
         existing = await runtime.kube.get(kind, agent.namespace, ref.name)
         if existing is None:
             continue
-        owner = controller_of(existing)
-        if owner is not None and owner[1] == agent.uid:
+        if owned_by(existing, agent.uid):
             await runtime.kube.delete(kind, agent.namespace, ref.name, uid=str(_meta(existing).get("uid")))
 
 
@@ -125,7 +123,12 @@ async def _write_status(
     patch = status_patch(previous, desired)
     if patch is None:
         return False
-    await runtime.kube.patch_status(kubeapi.AGENT_DEPLOYMENT, namespace, name, patch)
+    try:
+        await runtime.kube.patch_status(kubeapi.AGENT_DEPLOYMENT, namespace, name, patch)
+    except kubeapi.KubeError as exc:
+        if exc.status == 404:
+            return False  # deleted while it was reconciled: nothing left to record it on
+        raise
     return True
 
 
@@ -155,6 +158,47 @@ def _as_reconcile_error(exc: kubeapi.KubeError, what: str) -> ReconcileError:
     return ReconcileError(f"{what}: {exc}", retriable=exc.retriable)
 
 
+async def _gone(runtime: Runtime, namespace: str, name: str) -> bool:
+    """The AgentDeployment no longer exists, or is being deleted."""
+    body = await runtime.kube.get(kubeapi.AGENT_DEPLOYMENT, namespace, name)
+    return body is None or bool(_meta(body).get("deletionTimestamp"))
+
+
+def name_of(manifest: Mapping[str, Any]) -> str:
+    return str(_meta(manifest).get("name"))
+
+
+async def _report_conflicts(
+    runtime: Runtime,
+    body: Mapping[str, Any],
+    agent: AgentSpec,
+    previous: Mapping[str, Any],
+    resolution: MemoryResolution,
+    conflicts: Iterable[Conflict],
+    logger: Logger,
+) -> None:
+    """Say on the AgentDeployment (conditions, and a Warning Event once per change) which names are taken
+    and how to free them. No workload is recorded: nothing was applied, and a workload event must not turn
+    Ready back to True meanwhile."""
+    message = conflict_message(tuple(conflicts), runtime.config.resync_seconds)
+    ready = Condition(READY, "False", NAME_CONFLICT, message)
+    if resolution.enabled:
+        resolution = replace(resolution, reason=MemoryReason.NAME_CONFLICT, message=message, ready=False)
+    desired = reconciled_status(
+        previous,
+        generation=agent.generation,
+        resolution=resolution,
+        workload_ref=None,
+        state=WorkloadState(ready),
+        now=now_rfc3339(),
+    )
+    old_ready = condition_of(previous, READY) or {}
+    if (old_ready.get("reason"), old_ready.get("message")) != (NAME_CONFLICT, message):
+        runtime.post_warning(body, NAME_CONFLICT, message)
+        logger.info("AgentDeployment %s/%s: %s", agent.namespace, agent.name, message)
+    await _write_status(runtime, agent.namespace, agent.name, previous, desired)
+
+
 async def reconcile_agent(runtime: Runtime, namespace: str, name: str, index: MembershipIndex, logger: Logger) -> None:
     """Render and apply everything an AgentDeployment needs, then record the outcome in its status.
 
@@ -180,11 +224,28 @@ async def _reconcile_locked(
     resolution = resolve_memory(agent, registry.registries_for(namespace, name, index), runtime.config)
     rendered = render(agent, resolution, runtime.config)
 
+    found: list[tuple[Mapping[str, Any], Mapping[str, Any] | None]] = []
+    for manifest in rendered.objects:
+        kind = kind_of(manifest["apiVersion"], manifest["kind"])
+        found.append((manifest, await runtime.kube.get(kind, namespace, name_of(manifest))))
+    plan = plan_writes(agent.name, agent.uid, found)
+    if plan.blocked:
+        # Fail-closed: a name held by an object that is not ours stops every write for this agent, until
+        # the periodic resync finds it free. Our own leftovers of the other execution model still go: after
+        # serving -> deployment, Knative's route Service holds the name until our Knative Service is gone.
+        if _workload_ref_of(previous) != rendered.workload:
+            await _remove_stale(runtime, agent, rendered.stale)
+        await _report_conflicts(runtime, body, agent, previous, resolution, plan.conflicts, logger)
+        return
     applied: dict[tuple[str, str], dict[str, Any]] = {}
     try:
-        for manifest in rendered.objects:
-            applied[(manifest["apiVersion"], manifest["kind"])] = await runtime.kube.apply(manifest)
+        for write in plan.writes:
+            kind_key = (str(write.manifest["apiVersion"]), str(write.manifest["kind"]))
+            applied[kind_key] = await runtime.kube.apply(write.manifest, uid=write.uid)
     except kubeapi.KubeError as exc:
+        if await _gone(runtime, namespace, name):
+            # Deleted meanwhile: the garbage collector removes its children, even one created just now.
+            return
         if not exc.retriable:
             # Say so on the object (e.g. a webhook or RBAC refusing the workload) before giving up.
             failed, resolution = _apply_failure(exc, rendered.workload, resolution)

@@ -7,11 +7,13 @@ collector remove the lot: the operator needs no finalizer.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
 from sessionmem_core import kube
 from sessionmem_operator.config import OperatorConfig
+from sessionmem_operator.security import agent_security_context
 from sessionmem_operator.spec import AgentSpec, ExecutionModel
 from sessionmem_operator.wiring import (
     SERVE_PORT_NAME,
@@ -90,7 +92,11 @@ def service_account(agent: AgentSpec) -> Manifest:
 
 def agent_container(agent: AgentSpec, *, set_port_env: bool) -> dict[str, Any]:
     variables = [{"name": name, "value": value} for name, value in agent.env]
-    container: dict[str, Any] = {"name": AGENT_CONTAINER, "image": agent.image}
+    container: dict[str, Any] = {
+        "name": AGENT_CONTAINER,
+        "image": agent.image,
+        "securityContext": agent_security_context(agent.security_context),
+    }
     if agent.memory is not None:
         # Behind the launcher the agent is a sidecar: Knative gives it no $PORT but lets us set one, so an
         # agent following the usual "listen on $PORT" contract works unchanged.
@@ -101,6 +107,10 @@ def agent_container(agent: AgentSpec, *, set_port_env: bool) -> dict[str, Any]:
             variables.append({"name": PORT_ENV, "value": str(agent.agent_port)})
     if variables:
         container["env"] = variables
+    if agent.env_from:
+        container["envFrom"] = [copy.deepcopy(dict(item)) for item in agent.env_from]
+    if agent.resources:
+        container["resources"] = copy.deepcopy(dict(agent.resources))
     return container
 
 
@@ -122,6 +132,12 @@ def pod_template(agent: AgentSpec, resolution: MemoryResolution, config: Operato
     spec: dict[str, Any] = {"serviceAccountName": sa_name, "containers": containers}
     if volumes:
         spec["volumes"] = volumes
+    if agent.image_pull_secrets:
+        spec["imagePullSecrets"] = [copy.deepcopy(dict(item)) for item in agent.image_pull_secrets]
+    if agent.node_selector:
+        spec["nodeSelector"] = dict(agent.node_selector)
+    if agent.tolerations:
+        spec["tolerations"] = [copy.deepcopy(dict(item)) for item in agent.tolerations]
     metadata: dict[str, Any] = {"labels": labels(agent)}
     if annotations:
         metadata["annotations"] = annotations

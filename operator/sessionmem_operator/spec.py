@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -103,6 +103,15 @@ class AgentSpec:
     port: int | None = None
     env: tuple[tuple[str, str], ...] = ()
     memory: MemorySpec | None = None
+    # spec.securityContext: fields replacing the agent container's `restricted` defaults (security.py).
+    security_context: Mapping[str, Any] = field(default_factory=dict)
+    # Passed through as given (the CRD schema validated them): the agent container's resources and
+    # envFrom, and the pod's imagePullSecrets, nodeSelector and tolerations.
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    env_from: tuple[Mapping[str, Any], ...] = ()
+    image_pull_secrets: tuple[Mapping[str, Any], ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def owner(self) -> Owner:
@@ -143,4 +152,10 @@ def parse_agent(body: Mapping[str, Any]) -> AgentSpec:
         env=tuple((str(item["name"]), str(item.get("value", ""))) for item in spec.get("env") or ()),
         # `sessionMemory: {}` is "on with every default": only an absent (or null) field switches it off.
         memory=MemorySpec.from_spec(raw_memory) if raw_memory is not None else None,
+        security_context=dict(spec.get("securityContext") or {}),
+        resources=dict(spec.get("resources") or {}),
+        env_from=tuple(dict(item) for item in spec.get("envFrom") or ()),
+        image_pull_secrets=tuple(dict(item) for item in spec.get("imagePullSecrets") or ()),
+        node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
+        tolerations=tuple(dict(item) for item in spec.get("tolerations") or ()),
     )

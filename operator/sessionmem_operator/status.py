@@ -7,8 +7,10 @@ happens.
   from the previous revision must not survive a change).
 - ``MemoryReady`` is True when a memory call from the agent can succeed, else False with the reason and
   the fix (``Disabled``, ``NotARegistryMember``, ``AmbiguousRegistry``, ``NoProxyConfigured``,
-  ``UnknownRedactor``, ``UserCapabilityKeyMissing``, ``KnativeServingNotInstalled``). True may carry a
-  warning reason (``BackendAddrIgnored``).
+  ``UnknownRedactor``, ``UserCapabilityKeyMissing``, ``KnativeServingNotInstalled``, ``NameConflict``).
+  True may carry a warning reason (``BackendAddrIgnored``).
+- Both are False with ``NameConflict`` when a child's name is held by an object the AgentDeployment does
+  not control (ownership.py): nothing is applied then.
 """
 
 from __future__ import annotations
@@ -154,11 +156,12 @@ def reconciled_status(
     *,
     generation: int,
     resolution: MemoryResolution,
-    workload_ref: ObjectRef,
+    workload_ref: ObjectRef | None,
     state: WorkloadState,
     now: str,
 ) -> dict[str, Any]:
-    """The whole status after a reconcile. Fields set to None are removed (merge-patch semantics)."""
+    """The whole status after a reconcile (`workload_ref` None: no workload is the agent's yet). Fields set
+    to None are removed (merge-patch semantics)."""
     conditions = merge_conditions(
         previous.get("conditions") or [], [state.ready, memory_condition(resolution)], generation, now
     )
@@ -168,7 +171,11 @@ def reconciled_status(
         "scope": resolution.scope.value if resolution.scope is not None else None,
         "registry": resolution.registry,
         "keyPrefix": resolution.key_prefix,
-        "workload": {"apiVersion": workload_ref.api_version, "kind": workload_ref.kind, "name": workload_ref.name},
+        "workload": (
+            {"apiVersion": workload_ref.api_version, "kind": workload_ref.kind, "name": workload_ref.name}
+            if workload_ref is not None
+            else None
+        ),
         **_workload_fields(state),
     }
 

@@ -18,6 +18,7 @@ from sessionmem_core import api, env, kube
 from sessionmem_core.api import BUILTIN_REDACTORS
 from sessionmem_core.keys import Scope, session_prefix, shared_prefix
 from sessionmem_operator.config import OperatorConfig
+from sessionmem_operator.security import launcher_security_context
 from sessionmem_operator.spec import DEFAULT_TOKEN_COUNTER, AgentSpec
 
 LAUNCHER_CONTAINER = "sessionmem-launcher"
@@ -36,6 +37,7 @@ class MemoryReason(StrEnum):
     USER_CAPABILITY_KEY_MISSING = "UserCapabilityKeyMissing"
     BACKEND_ADDR_IGNORED = "BackendAddrIgnored"
     KNATIVE_SERVING_NOT_INSTALLED = "KnativeServingNotInstalled"
+    NAME_CONFLICT = "NameConflict"
 
 
 # Chart values that fix each finding, named in its message so the reader knows what to change.
@@ -285,11 +287,7 @@ def launcher_container(agent: AgentSpec, resolution: MemoryResolution, config: O
             "failureThreshold": 1,
         },
         "resources": {section: dict(values) for section, values in config.launcher_resources.items()},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": launcher_security_context(),
     }
     # Only the launcher sees the token: the agent process cannot present it to the proxy itself.
     container["volumeMounts"] = [

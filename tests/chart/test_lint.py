@@ -31,6 +31,7 @@ import valkey as valkey_sync
 import yaml
 from valkey.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
+from sessionmem_client.kubectl.agents import PROXY_SERVICE_NAMING
 from sessionmem_core import api, env, kube
 from sessionmem_core.env import ProxySettings
 from sessionmem_operator.config import OperatorConfig
@@ -153,6 +154,18 @@ def test_helm_lint_is_clean(profile: str) -> None:
     assert "0 chart(s) failed" in proc.stdout, proc.stdout
     findings = [line for line in proc.stdout.splitlines() if line.startswith(("[WARNING]", "[ERROR]"))]
     assert not findings, proc.stdout
+
+
+def test_the_plugin_and_its_docs_name_the_proxy_service_as_the_chart_does() -> None:
+    """The plugin's hint and docs/kubectl.md spell the proxy Service's name; its default fits a release
+    named like the chart."""
+    spelled = re.findall(r"<release>-[a-z-]+", PROXY_SERVICE_NAMING)
+    assert spelled == ["<release>-sessionmem-proxy", "<release>-proxy"]
+    assert find(render(release="memory"), "Service", spelled[0].replace("<release>", "memory"))
+    assert find(render(release="my-sessionmem"), "Service", spelled[1].replace("<release>", "my-sessionmem"))
+    assert find(render(release="sessionmem"), "Service", env.DEFAULT_KUBECTL_PROXY_SERVICE)
+    docs = (REPO / "docs" / "kubectl.md").read_text(encoding="utf-8")
+    assert "`<release>-sessionmem-proxy`" in docs
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))

@@ -76,4 +76,5 @@ def run_operator(
     finally:
         logging.getLogger().removeHandler(problems)
     assert runner.exception is None, runner.output
-    assert problems.errors() == []
+    errors = problems.errors()
+    assert errors == [], "\n".join(errors)

@@ -143,7 +143,9 @@ def world(
         [{"apiVersion": kube.API_VERSION, "kind": kube.AGENT_KIND, "metadata": {"name": AGENT, "namespace": ns},
           "spec": {"image": "agent:1", "executionModel": "deployment", "sessionMemory": {"scope": "session"}}}]
     )  # fmt: skip
-    status = {"conditions": [{"type": "MemoryReady", "status": "True", "reason": "Wired",
+    # What the operator would write once the agent is wired.
+    status = {"scope": "session", "keyPrefix": f"mem:{ns}/{AGENT}:",
+              "conditions": [{"type": "MemoryReady", "status": "True", "reason": "Wired",
                               "message": "session scope", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}  # fmt: skip
     path = f"/apis/{kube.API_VERSION}/namespaces/{quote(ns)}/{kube.AGENT_PLURAL}/{AGENT}/status"
     cluster.rest.request("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from sessionmem_client.kubectl import completion, proxy
+from sessionmem_client.kubectl.agents import summarize
 from sessionmem_client.kubectl.cli import render_receipt, render_transcript
 from sessionmem_core import wire
 from sessionmem_core.keys import Owner, conversation_of, per_user_key, session_key, session_prefix, usage_keys
@@ -67,7 +68,16 @@ def test_a_transcript_reads_oldest_first_with_author_and_time() -> None:
 
 def test_a_receipt_names_who_erased_what() -> None:
     receipt = wire.ErasureReceipt(namespace="n", agent="a", keys=["mem:n/a:c"], entries=2, erasedBy="alice")
-    assert render_receipt(receipt) == "Erased by alice: n/a\n1 conversation keys, 2 entries removed\n  mem:n/a:c\n"
+    assert render_receipt(receipt) == "Erased by alice: n/a\n1 conversation key, 2 entries removed\n  mem:n/a:c\n"
+
+
+def test_a_receipt_counts_in_words_that_agree_with_the_number() -> None:
+    none = wire.ErasureReceipt(namespace="n", agent="a", keys=[], entries=0, erasedBy="alice")
+    assert "0 conversation keys, 0 entries removed" in render_receipt(none)
+    one = wire.ErasureReceipt(namespace="n", agent="a", keys=["mem:n/a:c"], entries=1, erasedBy="alice")
+    assert "1 conversation key, 1 entry removed" in render_receipt(one)
+    two = wire.ErasureReceipt(namespace="n", agent="a", keys=["mem:n/a:c", "mem:n/a:d"], entries=3, erasedBy="a")
+    assert "2 conversation keys, 3 entries removed" in render_receipt(two)
 
 
 def test_an_agents_keys_parse_back_into_bucket_and_conversation() -> None:
@@ -81,3 +91,18 @@ def test_an_agents_keys_parse_back_into_bucket_and_conversation() -> None:
     assert conversation_of(prefix, "mem:shared:reg:c") is None
     assert conversation_of(prefix, usage_keys("team/agent")[0]) is None
     assert conversation_of(prefix, prefix + "u:nothex:c") is None
+
+
+def test_status_shows_the_scope_in_effect_not_the_one_requested() -> None:
+    memory_ready = {"type": "MemoryReady", "status": "False", "reason": "NotARegistryMember", "message": "m"}
+    body = {
+        "metadata": {"name": "a", "namespace": "n"},
+        "spec": {"sessionMemory": {"scope": "shared"}},
+        "status": {"scope": "session", "conditions": [memory_ready]},
+    }
+    shown = summarize(body)
+    assert (shown.scope, shown.requested_scope, shown.reason) == ("session", "shared", "NotARegistryMember")
+    not_yet = summarize({**body, "status": {}})
+    assert (not_yet.scope, not_yet.requested_scope) == ("-", "shared")
+    off = summarize({**body, "spec": {}})
+    assert (off.enabled, off.scope) == (False, "-")

@@ -150,3 +150,24 @@ def test_a_client_certificate_user_is_told_what_to_do(world: MemoryWorld, tmp_pa
     world.kubeconfigs["cert-user"] = path
     done = world.kubectl("cert-user", "conversations", AGENT)
     assert done.code == 1 and "client certificate" in done.err and "token" in done.err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("erase", "supprot-agent", "--all", "--yes"),
+        ("erase", "supprot-agent", "c1", "--yes"),
+        ("conversations", "supprot-agent"),
+        ("show", "supprot-agent", "c1"),
+        ("export", "supprot-agent"),
+        ("status", "supprot-agent"),
+    ],
+    ids=["erase-all", "erase-one", "conversations", "show", "export", "status"],
+)
+def test_a_misspelt_agent_is_an_error_not_an_empty_answer(world: MemoryWorld, command: tuple[str, ...]) -> None:
+    before = world.stored_keys()
+    done = world.kubectl(ALICE, *command)
+    assert done.code == 1, done.out
+    assert done.err.startswith(f'NotFound: no AgentDeployment "supprot-agent" in namespace {world.namespace}')
+    assert done.out == ""
+    assert world.stored_keys() == before

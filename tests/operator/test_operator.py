@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,6 +18,7 @@ import yaml
 from kopf.testing import KopfRunner
 
 from sessionmem_core import env, kube
+from sessionmem_operator.kubeapi import KubeApi, KubeError
 from tests.harness import KubeApiError, KubeTestCluster
 from tests.harness.operator import run_operator
 from tests.support.polling import poll
@@ -30,6 +32,7 @@ AUDIENCE = "sessionmem-test-audience"
 LAUNCHER_IMAGE = "registry.example/sessionmem:test"
 KSVC = "serving.knative.dev/v1"
 WAIT_SECONDS = 20.0
+_MERGE_PATCH = "application/merge-patch+json"
 
 T = TypeVar("T")
 
@@ -153,9 +156,11 @@ def registry_manifest(name: str, members: list[tuple[str, str]]) -> dict[str, An
     }
 
 
-def warning_events(cluster: KubeTestCluster, namespace: str, reason: str) -> list[dict[str, Any]]:
+def warning_events(
+    cluster: KubeTestCluster, namespace: str, reason: str, name: str = "support-agent"
+) -> list[dict[str, Any]]:
     path = f"/api/v1/namespaces/{namespace}/events"
-    listed = cluster.rest.request("GET", path, params={"fieldSelector": "involvedObject.name=support-agent"}).json()
+    listed = cluster.rest.request("GET", path, params={"fieldSelector": f"involvedObject.name={name}"}).json()
     return [e for e in listed.get("items", []) if e.get("type") == "Warning" and e.get("reason") == reason]
 
 
@@ -330,6 +335,16 @@ def test_shared_scope_needs_registry_membership(
             "spec.sessionMemory.tokenCounter",
         ),
         (
+            "bad-capability",
+            {"image": "x", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}},
+            "spec.securityContext.capabilities.add",
+        ),
+        (
+            "bad-quantity",
+            {"image": "x", "resources": {"limits": {"memory": "lots"}}},
+            "spec.resources.limits.memory",
+        ),
+        (
             "zero-quota",
             {"image": "x", "sessionMemory": {"quota": {"maxConversations": 0}}},
             "spec.sessionMemory.quota.maxConversations",
@@ -352,6 +367,8 @@ def test_shared_scope_needs_registry_membership(
         "summary-threshold-at-cap",
         "bad-summary-endpoint",
         "bad-token-counter",
+        "capability-not-allowed",
+        "bad-resource-quantity",
         "quota-below-one",
     ],
 )
@@ -608,3 +625,262 @@ def test_drift_is_repaired_without_touching_the_agent(
     )
     # The AgentDeployment itself was never changed: the periodic resync did the repairs.
     assert (agent(kube_cluster, ns) or {})["metadata"]["generation"] == 1
+
+
+# ---- Names it does not own are never taken (issue #37) ---------------------------------------------------
+
+
+def foreign_objects(namespace: str) -> dict[str, dict[str, Any]]:
+    """Objects someone else made, each named like a child of one agent, keyed by that agent's name. The
+    Service even carries the operator's labels: labels prove nothing."""
+    theirs = {kube.LABEL_MANAGED_BY: kube.MANAGED_BY, kube.LABEL_AGENT: "svc-agent"}
+    return {
+        "svc-agent": {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "svc-agent", "namespace": namespace, "labels": theirs},
+            "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80, "targetPort": 9376, "protocol": "TCP"}]},
+        },
+        "ksvc-agent": {
+            "apiVersion": KSVC,
+            "kind": "Service",
+            "metadata": {"name": "ksvc-agent", "namespace": namespace},
+            "spec": {"template": {"spec": {"containers": [{"image": "registry.example/theirs:1"}]}}},
+        },
+        "sa-agent": {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": kube.agent_service_account("sa-agent"), "namespace": namespace},
+            "automountServiceAccountToken": True,
+        },
+    }
+
+
+def untouched(before: dict[str, Any], now: dict[str, Any] | None) -> None:
+    """`now` is the object `before` was: same incarnation, same content, no owner, no write by the operator."""
+    assert now is not None, f"{before['kind']} {before['metadata']['name']} was deleted"
+    assert now["metadata"]["uid"] == before["metadata"]["uid"]
+    assert "ownerReferences" not in now["metadata"]
+    assert now["metadata"].get("labels") == before["metadata"].get("labels")
+    for key in ("spec", "automountServiceAccountToken"):
+        assert now.get(key) == before.get(key)
+    managers = {entry.get("manager") for entry in now["metadata"].get("managedFields") or []}
+    assert kube.MANAGED_BY not in managers
+
+
+def fetch(cluster: KubeTestCluster, body: dict[str, Any]) -> dict[str, Any] | None:
+    meta = body["metadata"]
+    return get(cluster, body["apiVersion"], body["kind"], meta["name"], meta["namespace"])
+
+
+def test_objects_it_does_not_own_survive_an_agent_of_their_name(
+    kube_cluster: KubeTestCluster, kube_namespace: str, operator: KopfRunner
+) -> None:
+    ns = kube_namespace
+    before = {
+        agent_name: kube_cluster.rest.create(doc, namespace=ns) for agent_name, doc in foreign_objects(ns).items()
+    }
+    models = {"svc-agent": "deployment", "ksvc-agent": "serving", "sa-agent": "serving", "plain-agent": "serving"}
+    for agent_name, model in models.items():
+        kube_cluster.apply_manifests(manifest(ns, name=agent_name, executionModel=model))
+
+    for agent_name, theirs in before.items():
+        body = wait_condition(kube_cluster, ns, "Ready", "False", "NameConflict", name=agent_name)
+        message = condition(body, "Ready")["message"]
+        assert f'{theirs["kind"]} "{theirs["metadata"]["name"]}"' in message and "untouched" in message
+        assert condition(body, "MemoryReady")["reason"] == "NameConflict"
+        assert "workload" not in body["status"]
+        (event,) = wait_for(partial(warning_events, kube_cluster, ns, "NameConflict", agent_name), "the Event")
+        assert theirs["metadata"]["name"] in event["message"]
+        untouched(theirs, fetch(kube_cluster, theirs))
+    # Fail-closed: nothing at all was made for an agent with a taken name (no workload under their identity).
+    assert get(kube_cluster, KSVC, "Service", "sa-agent", ns) is None
+    assert get(kube_cluster, "apps/v1", "Deployment", "svc-agent", ns) is None
+    assert get(kube_cluster, "v1", "ServiceAccount", kube.agent_service_account("ksvc-agent"), ns) is None
+    plain_sa = kube.agent_service_account("plain-agent")
+    wait_for(lambda: get(kube_cluster, "v1", "ServiceAccount", plain_sa, ns), "the free agent's ServiceAccount")
+
+    for agent_name in models:
+        kube_cluster.rest.delete(kube.API_VERSION, kube.AGENT_KIND, agent_name, ns)
+    # The free agent's children being collected shows the garbage collector has seen the deletions.
+    wait_for(lambda: get(kube_cluster, KSVC, "Service", "plain-agent", ns) is None, "plain-agent's Knative Service")
+    wait_for(lambda: get(kube_cluster, "v1", "ServiceAccount", plain_sa, ns) is None, "plain-agent's ServiceAccount")
+    for agent_name, theirs in before.items():
+        assert agent(kube_cluster, ns, agent_name) is None
+        untouched(theirs, fetch(kube_cluster, theirs))
+
+
+def test_an_agent_whose_name_is_freed_is_set_up(
+    kube_cluster: KubeTestCluster, kube_namespace: str, operator: KopfRunner
+) -> None:
+    ns = kube_namespace
+    sa_name = kube.agent_service_account("support-agent")
+    theirs = kube_cluster.create_service_account(ns, sa_name)
+    kube_cluster.apply_manifests(manifest(ns))
+    wait_condition(kube_cluster, ns, "MemoryReady", "False", "NameConflict")
+    assert get(kube_cluster, KSVC, "Service", "support-agent", ns) is None
+
+    kube_cluster.rest.delete("v1", "ServiceAccount", sa_name, ns)
+    body = wait_condition(kube_cluster, ns, "MemoryReady", "True", "Wired")
+    assert condition(body, "Ready")["reason"] != "NameConflict"
+    account = wait_for(lambda: get(kube_cluster, "v1", "ServiceAccount", sa_name, ns), "the agent's ServiceAccount")
+    assert account["metadata"]["uid"] != theirs["metadata"]["uid"]
+    assert account["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+    wait_workload(kube_cluster, ns, has_launcher, "the Knative Service")
+
+
+async def test_an_apply_lands_only_on_the_object_judged_ours(
+    kube_cluster: KubeTestCluster, kube_namespace: str, kube_env: dict[str, str]
+) -> None:
+    """The guard against a race between the ownership check and the write: a create never lands on an
+    object made meanwhile, an update never on a replacement; and a created object is the operator's
+    apply entry's, so a field it stops rendering goes."""
+    ns = kube_namespace
+
+    def account(**labels: str) -> dict[str, Any]:
+        meta = {"name": "pinned", "namespace": ns, "labels": labels}
+        return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False}
+
+    api = await KubeApi.connect()
+    try:
+        created = await api.apply(account(step="created", extra="x"), uid=None)
+        (entry,) = created["metadata"]["managedFields"]
+        assert (entry["manager"], entry["operation"]) == (kube.MANAGED_BY, "Apply")
+        with pytest.raises(KubeError) as caught:
+            await api.apply(account(step="taken-over"), uid=None)
+        assert (caught.value.status, caught.value.reason) == (409, "AlreadyExists")
+        updated = await api.apply(account(step="updated"), uid=created["metadata"]["uid"])
+        assert updated["metadata"]["labels"] == {"step": "updated"}  # "extra" is no longer rendered: gone
+
+        kube_cluster.rest.delete("v1", "ServiceAccount", "pinned", ns)
+        replacement = kube_cluster.rest.create(account(step="theirs"), namespace=ns)
+        with pytest.raises(KubeError) as refused:
+            await api.apply(account(step="taken-over"), uid=created["metadata"]["uid"])
+        assert refused.value.status == 422
+        now = get(kube_cluster, "v1", "ServiceAccount", "pinned", ns) or {}
+        assert now["metadata"]["uid"] == replacement["metadata"]["uid"]
+        assert now["metadata"]["labels"] == {"step": "theirs"}
+        assert "ownerReferences" not in now["metadata"]
+    finally:
+        await api.close()
+
+
+# ---- Pod Security `restricted` (issue #37) ---------------------------------------------------------------
+
+
+def restricted_pod(cluster: KubeTestCluster, namespace: str, name: str, template: dict[str, Any]) -> dict[str, Any]:
+    """A Pod with the workload's pod template, created in `namespace`: the API server's PodSecurity
+    admission judges it (no kubelet needed)."""
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}}
+    return cluster.rest.create({**body, "spec": template["spec"]}, namespace=namespace)
+
+
+@pytest.mark.parametrize("model", ["serving", "deployment"])
+def test_agent_pods_pass_pod_security_restricted(
+    kube_cluster: KubeTestCluster, kube_namespace: str, operator: KopfRunner, model: str
+) -> None:
+    ns = kube_namespace
+    labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+    kube_cluster.rest.request(
+        "PATCH", f"/api/v1/namespaces/{ns}", body={"metadata": {"labels": labels}}, content_type=_MERGE_PATCH
+    )
+    api_version, kind = (KSVC, "Service") if model == "serving" else ("apps/v1", "Deployment")
+    kube_cluster.apply_manifests(manifest(ns, executionModel=model))
+    workload = wait_workload(kube_cluster, ns, has_launcher, "the wired workload", api_version, kind)
+    created = restricted_pod(kube_cluster, ns, "as-rendered", pod_template(workload))
+    assert created["metadata"]["name"] == "as-rendered"
+
+    # An agent that says it must run as root gets exactly that, and a restricted namespace refuses it.
+    kube_cluster.apply_manifests(manifest(ns, executionModel=model, securityContext={"runAsNonRoot": False}))
+    root = wait_workload(
+        kube_cluster,
+        ns,
+        lambda b: containers(b)["agent"]["securityContext"]["runAsNonRoot"] is False,
+        "the agent's own security context",
+        api_version,
+        kind,
+    )
+    assert containers(root)["sessionmem-launcher"]["securityContext"]["runAsNonRoot"] is True
+    with pytest.raises(KubeApiError) as refused:
+        restricted_pod(kube_cluster, ns, "as-root", pod_template(root))
+    assert refused.value.code == 403 and "runAsNonRoot" in refused.value.message
+
+
+@pytest.mark.parametrize("model", ["serving", "deployment"])
+def test_resources_pull_secrets_placement_and_secret_env_reach_the_workload(
+    kube_cluster: KubeTestCluster, kube_namespace: str, operator: KopfRunner, model: str
+) -> None:
+    ns = kube_namespace
+    fields: dict[str, Any] = {
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+        "imagePullSecrets": [{"name": "registry-creds"}],
+        "nodeSelector": {"kubernetes.io/arch": "arm64"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "envFrom": [{"secretRef": {"name": "agent-api-keys"}}],
+    }
+    api_version, kind = (KSVC, "Service") if model == "serving" else ("apps/v1", "Deployment")
+    kube_cluster.apply_manifests(manifest(ns, executionModel=model, **copy.deepcopy(fields)))
+    workload = wait_workload(kube_cluster, ns, has_launcher, "the wired workload", api_version, kind)
+    pod = pod_template(workload)["spec"]
+    agent_container = containers(workload)["agent"]
+    assert agent_container["resources"] == fields["resources"]
+    assert agent_container["envFrom"] == fields["envFrom"]
+    assert (pod["imagePullSecrets"], pod["nodeSelector"]) == (fields["imagePullSecrets"], fields["nodeSelector"])
+    assert pod["tolerations"] == fields["tolerations"]
+    wait_condition(kube_cluster, ns, "MemoryReady", "True", "Wired")
+
+    # Dropped from the AgentDeployment, they leave the workload (the operator owns what it rendered).
+    kube_cluster.apply_manifests(manifest(ns, executionModel=model))
+    bare = wait_workload(
+        kube_cluster, ns, lambda b: "nodeSelector" not in pod_template(b)["spec"], "the fields gone", api_version, kind
+    )
+    assert not {"imagePullSecrets", "tolerations"} & set(pod_template(bare)["spec"])
+    assert "envFrom" not in containers(bare)["agent"]
+
+
+def test_switching_to_deployment_waits_for_knatives_route_service_and_then_takes_over(
+    kube_cluster: KubeTestCluster, kube_namespace: str, operator: KopfRunner
+) -> None:
+    """Knative's route Service has the agent's name; it is the Route's, the Route the Knative Service's.
+    After a switch to deployment the operator deletes its Knative Service, the garbage collector the rest,
+    and the name is free for the agent's own Service."""
+    ns = kube_namespace
+    kube_cluster.apply_manifests(manifest(ns))
+    ksvc = wait_workload(kube_cluster, ns, has_launcher, "the Knative Service")
+    owner = {"controller": True, "blockOwnerDeletion": False}
+    by_ksvc = {**owner, "apiVersion": KSVC, "kind": "Service", "name": "support-agent", "uid": ksvc["metadata"]["uid"]}
+    route = kube_cluster.rest.create(
+        {
+            "apiVersion": KSVC,
+            "kind": "Route",
+            "metadata": {"name": "support-agent", "namespace": ns, "ownerReferences": [by_ksvc]},
+            "spec": {},
+        },
+        namespace=ns,
+    )
+    by_route = {**owner, "apiVersion": KSVC, "kind": "Route", "name": "support-agent", "uid": route["metadata"]["uid"]}
+    kube_cluster.rest.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "support-agent", "namespace": ns, "ownerReferences": [by_route]},
+            "spec": {"type": "ExternalName", "externalName": "kourier-internal.kourier-system.svc.cluster.local"},
+        },
+        namespace=ns,
+    )
+
+    kube_cluster.apply_manifests(manifest(ns, executionModel="deployment"))
+    wait_workload(kube_cluster, ns, has_launcher, "the Deployment", "apps/v1", "Deployment")
+    service = wait_for(
+        lambda: (
+            (found := get(kube_cluster, "v1", "Service", "support-agent", ns))
+            and found["spec"].get("type") != "ExternalName"
+            and found
+        ),
+        "the agent's own Service",
+        timeout=WAIT_SECONDS + 3 * RESYNC_SECONDS,
+    )
+    assert service["metadata"]["ownerReferences"][0]["kind"] == kube.AGENT_KIND
+    assert get(kube_cluster, KSVC, "Service", "support-agent", ns) is None
+    body = wait_condition(kube_cluster, ns, "MemoryReady", "True", "Wired")
+    assert body["status"]["workload"]["kind"] == "Deployment"

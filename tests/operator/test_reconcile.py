@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import pytest
@@ -49,6 +49,7 @@ class FakeKube:
         self.deleted: list[Key] = []
         self.status_patches: list[tuple[Key, dict[str, Any]]] = []
         self.fail_apply: dict[str, KubeError] = {}
+        self.after_apply: Callable[[Key], None] | None = None
         self._uids = 0
 
     @staticmethod
@@ -65,14 +66,20 @@ class FakeKube:
         found = self.objects.get(self.key(kind, namespace, name))
         return copy.deepcopy(found) if found is not None else None
 
-    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    async def apply(self, manifest: Mapping[str, Any], *, uid: str | None) -> dict[str, Any]:
         if manifest["kind"] in self.fail_apply:
             raise self.fail_apply[manifest["kind"]]
         kind = kubeapi.kind_of(manifest["apiVersion"], manifest["kind"])
         meta = manifest["metadata"]
         key = self.key(kind, meta.get("namespace"), meta["name"])
-        self.applied.append(key)
         old = self.objects.get(key)
+        if old is not None and uid is None:
+            # A create (POST) of a name taken meanwhile.
+            raise KubeError("POST", "/x", 409, '{"reason": "AlreadyExists", "message": "already exists"}')
+        if uid is not None and (old is None or old["metadata"]["uid"] != uid):
+            # An apply pinned to an incarnation that is gone or replaced: uid is immutable.
+            raise KubeError("PATCH", "/x", 422, '{"reason": "Invalid", "message": "metadata.uid: immutable"}')
+        self.applied.append(key)
         body = copy.deepcopy(dict(manifest))
         if old is None:
             self._uids += 1
@@ -86,6 +93,8 @@ class FakeKube:
             if "status" in old:
                 body["status"] = old["status"]
         self.objects[key] = body
+        if self.after_apply is not None:
+            self.after_apply(key)
         return copy.deepcopy(body)
 
     async def delete(self, kind: Kind, namespace: str | None, name: str, *, uid: str | None = None) -> bool:
@@ -101,6 +110,8 @@ class FakeKube:
         self, kind: Kind, namespace: str | None, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any]:
         key = self.key(kind, namespace, name)
+        if key not in self.objects:
+            raise KubeError("PATCH", "/x", 404, '{"reason": "NotFound", "message": "not found"}')
         self.status_patches.append((key, dict(status)))
         body = self.objects[key]
         body.setdefault("status", {})
@@ -242,6 +253,78 @@ async def test_a_same_named_object_someone_else_owns_is_left_alone(runtime: Runt
     stored_agent(fake)
     await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
     assert SERVICE_KEY in fake.objects and SERVICE_KEY not in fake.deleted
+
+
+async def test_switching_to_deployment_removes_our_knative_service_even_while_its_route_holds_the_name(
+    runtime: Runtime, fake: FakeKube
+) -> None:
+    stored_agent(fake)
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+    route = {"apiVersion": "serving.knative.dev/v1", "kind": "Route", "controller": True, "uid": "route"}
+    meta = {"name": "support-agent", "namespace": "my-team", "uid": "route-svc", "ownerReferences": [route]}
+    fake.put({"apiVersion": "v1", "kind": "Service", "metadata": meta})
+
+    def deployment_model(spec: dict[str, Any]) -> None:
+        spec["executionModel"] = "deployment"
+
+    stored_agent(fake, deployment_model, generation=2)
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+    assert KSVC_KEY in fake.deleted  # so the garbage collector can take the Route and its Service
+    assert condition(fake, "Ready")["reason"] == "NameConflict"
+    del fake.objects[SERVICE_KEY]  # what the garbage collector does next
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+    assert {DEPLOY_KEY, SERVICE_KEY} <= set(fake.objects)
+    assert fake.objects[AGENT_KEY]["status"]["workload"]["kind"] == "Deployment"
+
+
+async def test_a_name_taken_by_a_foreign_object_blocks_every_write_until_it_is_free(
+    runtime: Runtime, fake: FakeKube, warnings: Warnings
+) -> None:
+    meta = {"name": SA_KEY[3], "namespace": "my-team", "uid": "someone-elses"}
+    foreign: dict[str, Any] = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
+    fake.put(copy.deepcopy(foreign))
+    stored_agent(fake)
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+    assert fake.applied == []  # fail-closed: not even the free Knative Service
+    assert fake.objects[SA_KEY] == foreign
+    for type_ in ("Ready", "MemoryReady"):
+        found = condition(fake, type_)
+        assert (found["status"], found["reason"]) == ("False", "NameConflict")
+        assert f'ServiceAccount "{SA_KEY[3]}"' in found["message"]
+    assert "workload" not in fake.objects[AGENT_KEY]["status"]
+    assert [(name, reason) for name, reason, _ in warnings.posted] == [("support-agent", "NameConflict")]
+
+    del fake.objects[SA_KEY]  # the owner of the name frees it: the next reconcile (a resync) sets up the agent
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+    assert fake.applied == [SA_KEY, KSVC_KEY]
+    assert condition(fake, "MemoryReady")["reason"] == "Wired"
+    assert condition(fake, "Ready")["reason"] != "NameConflict"
+    assert fake.objects[AGENT_KEY]["status"]["workload"]["kind"] == "Service"
+
+
+async def test_an_agent_deleted_while_it_is_reconciled_is_not_an_error(runtime: Runtime, fake: FakeKube) -> None:
+    stored_agent(fake)
+
+    def delete_the_agent(key: Key) -> None:
+        if key == KSVC_KEY:
+            del fake.objects[AGENT_KEY]
+
+    fake.after_apply = delete_the_agent
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)  # nothing left to record it on
+    assert fake.status_patches == []
+
+    # Or an apply fails because the garbage collector already took a child of the agent being deleted.
+    stored_agent(fake)
+
+    def start_deleting_the_agent(key: Key) -> None:
+        if key == SA_KEY:
+            fake.objects[AGENT_KEY]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+
+    fake.after_apply = start_deleting_the_agent
+    fake.fail_apply["Service"] = KubeError("PATCH", "/x", 409, '{"message": "uid mismatch"}')
+    await reconcile_agent(runtime, "my-team", "support-agent", {}, LOG)
+    assert fake.status_patches == []
 
 
 async def test_workload_ready_is_mirrored(runtime: Runtime, fake: FakeKube) -> None:

@@ -374,3 +374,74 @@ def test_launcher_limits_are_rendered_only_when_configured() -> None:
     plain = launcher_env_for(copy.deepcopy(POLICIES))
     assert env.MAX_URL_BYTES not in plain
     assert launcher_env_for(copy.deepcopy(POLICIES), limited)[env.MAX_URL_BYTES] == "2048"
+
+
+# ---- Pod Security `restricted` (issue #37) ---------------------------------------------------------------
+
+
+def pod_of(manifest: dict[str, Any]) -> dict[str, Any]:
+    result, _ = rendered(manifest)
+    workload = next(m for m in result.objects if m["kind"] in ("Service", "Deployment") and "template" in m["spec"])
+    pod: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return pod
+
+
+@pytest.mark.parametrize("model", ["serving", "deployment"])
+def test_both_containers_run_restricted_by_default_and_the_launchers_root_is_read_only(model: str) -> None:
+    manifest = design_manifest()
+    manifest["spec"]["executionModel"] = model
+    pods = containers(pod_of(manifest))
+    for name in (LAUNCHER_CONTAINER, AGENT_CONTAINER):
+        context = pods[name]["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False and context["runAsNonRoot"] is True
+        assert context["capabilities"] == {"drop": ["ALL"]}
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pods[LAUNCHER_CONTAINER]["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "readOnlyRootFilesystem" not in pods[AGENT_CONTAINER]["securityContext"]  # the agent may write
+
+
+def test_the_agents_security_context_replaces_defaults_field_by_field_never_the_launchers() -> None:
+    manifest = design_manifest()
+    manifest["spec"]["securityContext"] = {"runAsNonRoot": False, "capabilities": {"add": ["NET_BIND_SERVICE"]}}
+    pods = containers(pod_of(manifest))
+    agent = pods[AGENT_CONTAINER]["securityContext"]
+    assert agent["runAsNonRoot"] is False and agent["capabilities"] == {"add": ["NET_BIND_SERVICE"]}
+    assert agent["allowPrivilegeEscalation"] is False  # not overridden: still the default
+    launcher = pods[LAUNCHER_CONTAINER]["securityContext"]
+    assert launcher["runAsNonRoot"] is True and launcher["capabilities"] == {"drop": ["ALL"]}
+    # Without memory the agent container stands alone, with the same defaults.
+    bare = design_manifest()
+    del bare["spec"]["sessionMemory"]
+    assert containers(pod_of(bare))[AGENT_CONTAINER]["securityContext"]["runAsNonRoot"] is True
+
+
+RUN_FIELDS: dict[str, Any] = {
+    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+    "imagePullSecrets": [{"name": "registry-creds"}],
+    "nodeSelector": {"kubernetes.io/arch": "arm64"},
+    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "envFrom": [{"secretRef": {"name": "agent-api-keys"}}],
+}
+
+
+@pytest.mark.parametrize("model", ["serving", "deployment"])
+@pytest.mark.parametrize("memory", [True, False], ids=["with-memory", "without-memory"])
+def test_what_a_real_agent_needs_reaches_its_pod(model: str, memory: bool) -> None:
+    manifest = design_manifest()
+    manifest["spec"].update(copy.deepcopy(RUN_FIELDS), executionModel=model)
+    if not memory:
+        del manifest["spec"]["sessionMemory"]
+    pod = pod_of(manifest)
+    agent = containers(pod)[AGENT_CONTAINER]
+    assert agent["resources"] == RUN_FIELDS["resources"]
+    assert agent["envFrom"] == RUN_FIELDS["envFrom"]
+    for field in ("imagePullSecrets", "nodeSelector", "tolerations"):
+        assert pod[field] == RUN_FIELDS[field]
+    if memory:  # the launcher keeps its own resources and never sees the agent's Secrets
+        launcher = containers(pod)[LAUNCHER_CONTAINER]
+        assert "envFrom" not in launcher and launcher["resources"] == {
+            section: dict(values) for section, values in PROXY.launcher_resources.items()
+        }
+    plain = pod_of(design_manifest())
+    assert not {"imagePullSecrets", "nodeSelector", "tolerations"} & set(plain)
+    assert not {"resources", "envFrom"} & set(containers(plain)[AGENT_CONTAINER])

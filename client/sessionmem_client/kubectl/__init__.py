@@ -6,14 +6,18 @@ proxy's Service (or ``--proxy-url``); the proxy asks the API server who it is (T
 may (SubjectAccessReview on ``agentdeployments/memory``). No Valkey credential ever leaves the cluster.
 docs/kubectl.md says why this path and not an aggregated API.
 
-Its dependencies are the ``kubectl`` extra of the client distribution: ``pip install 'sessionmem-client[kubectl]'``.
+Its dependencies are the ``kubectl`` extra of the client distribution (packaging/client), from a checkout:
+``pip install './packaging/client[kubectl]'``.
 """
 
 from __future__ import annotations
 
 import sys
 
-EXTRA_HINT = "kubectl sessionmem needs the client's kubectl extra: pip install 'sessionmem-client[kubectl]'"
+EXTRA_HINT = (
+    "kubectl sessionmem needs the client's kubectl extra: from a checkout of sessionmem, "
+    "pip install './packaging/client[kubectl]'"
+)
 
 
 def main() -> None:

@@ -14,6 +14,8 @@ from sessionmem_client.kubectl.errors import PluginError
 from sessionmem_core import kube
 
 MEMORY_READY = "MemoryReady"
+# How the chart names the proxy's Service (its sessionmem.proxy.fullname).
+PROXY_SERVICE_NAMING = "<release>-sessionmem-proxy, or <release>-proxy when the release name contains sessionmem"
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,8 @@ class AgentMemory:
     namespace: str
     name: str
     enabled: bool
-    scope: str
+    scope: str  # in effect, as the operator wired it (status.scope), "-" when none is (yet)
+    requested_scope: str
     per_user: bool
     memory_ready: str
     reason: str
@@ -29,15 +32,19 @@ class AgentMemory:
 
 
 def summarize(agent: dict[str, Any]) -> AgentMemory:
+    """What `status` shows of one AgentDeployment. The scope is the one in effect, as `kubectl get agd`
+    prints it: a `shared` request without registry membership runs with the private layout."""
     meta = agent.get("metadata") or {}
     memory = (agent.get("spec") or {}).get("sessionMemory")
-    conditions = (agent.get("status") or {}).get("conditions") or []
+    status = agent.get("status") or {}
+    conditions = status.get("conditions") or []
     ready = next((c for c in conditions if isinstance(c, dict) and c.get("type") == MEMORY_READY), {})
     return AgentMemory(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         enabled=isinstance(memory, dict),
-        scope=str((memory or {}).get("scope") or "session") if isinstance(memory, dict) else "-",
+        scope=str(status.get("scope") or "-") if isinstance(memory, dict) else "-",
+        requested_scope=str(memory.get("scope") or "session") if isinstance(memory, dict) else "-",
         per_user=bool((memory or {}).get("perUser")) if isinstance(memory, dict) else False,
         memory_ready=str(ready.get("status") or "Unknown"),
         reason=str(ready.get("reason") or ""),
@@ -80,6 +87,22 @@ async def read_agents(access: KubeAccess, namespace: str | None, name: str | Non
     return sorted(items, key=lambda a: (a.namespace, a.name))
 
 
+async def require_agent(access: KubeAccess, namespace: str, name: str) -> AgentMemory:
+    """The AgentDeployment a memory command names. Fail-closed: a name that is no AgentDeployment (a typo
+    most likely) is an error, never an empty answer or a receipt for nothing erased."""
+    try:
+        (found,) = await read_agents(access, namespace, name)
+    except PluginError as exc:
+        if exc.title == "NotFound":
+            raise PluginError(
+                f'no AgentDeployment "{name}" in namespace {namespace}: check the name and the namespace '
+                f"(kubectl get agentdeployments -n {namespace})",
+                "NotFound",
+            ) from exc
+        raise
+    return found
+
+
 async def proxy_service_port(access: KubeAccess, namespace: str, service: str) -> int:
     """The port of the proxy Service (its ``http`` port), as the caller may read it."""
     async with kube_client.ApiClient(configuration=access.configuration) as api_client:
@@ -89,7 +112,7 @@ async def proxy_service_port(access: KubeAccess, namespace: str, service: str) -
             if exc.status == 404:
                 raise PluginError(
                     f"no Service {namespace}/{service}: pass --proxy-namespace and --proxy-service (the chart's "
-                    "release namespace and <release>-proxy), or --proxy-url",
+                    f"release namespace and {PROXY_SERVICE_NAMING}), or --proxy-url",
                     "NotFound",
                 ) from exc
             raise api_error(exc, f"reading Service {namespace}/{service}") from exc

@@ -21,6 +21,8 @@ from sessionmem_client.kubectl.errors import PluginError
 from sessionmem_core import env, wire
 
 COMMANDS = ("status", "conversations", "show", "export", "erase")
+# The commands about one agent's memory: its AgentDeployment must exist (status says so on its own).
+AGENT_COMMANDS = ("conversations", "show", "export", "erase")
 OUTPUTS = ("table", "json", "yaml")
 DEFAULT_TIMEOUT_SECONDS = 30.0
 
@@ -101,6 +103,8 @@ async def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
         "export": _export,
         "erase": _erase,
     }
+    if args.command in AGENT_COMMANDS:
+        await agents.require_agent(access, namespace, args.agent)
     await handlers[args.command](args, access, namespace, out, err)
 
 
@@ -133,7 +137,10 @@ async def _admin(args: argparse.Namespace, access: KubeAccess) -> AsyncIterator[
 
 async def _status(args: argparse.Namespace, access: KubeAccess, namespace: str, out: TextIO, err: TextIO) -> None:
     scope = None if args.all_namespaces and args.agent is None else namespace
-    found = [a for a in await agents.read_agents(access, scope, args.agent) if a.enabled or args.agent]
+    if args.agent is not None:
+        found = [await agents.require_agent(access, namespace, args.agent)]
+    else:
+        found = [a for a in await agents.read_agents(access, scope, None) if a.enabled]
     rows: list[dict[str, Any]] = []
     async with contextlib.AsyncExitStack() as stack:
         client = await stack.enter_async_context(_admin(args, access)) if any(a.enabled for a in found) else None
@@ -142,6 +149,7 @@ async def _status(args: argparse.Namespace, access: KubeAccess, namespace: str, 
                 "namespace": agent.namespace,
                 "agent": agent.name,
                 "scope": agent.scope,
+                "requestedScope": agent.requested_scope,
                 "perUser": agent.per_user,
                 "memoryReady": agent.memory_ready,
                 "reason": agent.reason,
@@ -275,13 +283,17 @@ def render_receipt(receipt: wire.ErasureReceipt) -> str:
     target = f"{receipt.namespace}/{receipt.agent}" + (f" (user {receipt.user})" if receipt.user else "")
     lines = [
         f"Erased by {receipt.erasedBy}: {target}",
-        f"{len(receipt.keys)} conversation keys, {receipt.entries} entries removed",
+        f"{_count(len(receipt.keys), 'conversation key')}, {_count(receipt.entries, 'entry', 'entries')} removed",
         *(f"  {key}" for key in receipt.keys),
     ]
     return "\n".join(lines) + "\n"
 
 
 # --- formatting ---
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
 def _when(ms: int | None) -> str:
