@@ -31,7 +31,9 @@ PROXY_URL = "http://sessionmem-proxy.sessionmem.svc:8000"
 AUDIENCE = "sessionmem-test-audience"
 LAUNCHER_IMAGE = "registry.example/sessionmem:test"
 KSVC = "serving.knative.dev/v1"
-WAIT_SECONDS = 20.0
+# How long a wait may take before it fails: a guard against a hang, not a speed target (a wait returns as
+# soon as its condition holds), so it is generous enough for a machine busy with other work.
+WAIT_SECONDS = 60.0
 _MERGE_PATCH = "application/merge-patch+json"
 
 T = TypeVar("T")
