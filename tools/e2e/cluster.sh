@@ -408,9 +408,9 @@ knative_up() {
         -config "config-deployment.queue-sidecar-cpu-request=10m" \
         || die "rendering Knative's manifests failed"
     # Server-side: Knative's CRDs are too large for kubectl's last-applied annotation.
-    kubectl_ apply --server-side -f "$dir/crds.yaml" >/dev/null
+    kubectl_ apply --server-side --force-conflicts -f "$dir/crds.yaml" >/dev/null
     kubectl_ wait --for=condition=Established crd --all --timeout=60s >/dev/null
-    kubectl_ apply --server-side -f "$dir/serving.yaml" >/dev/null
+    kubectl_ apply --server-side --force-conflicts -f "$dir/serving.yaml" >/dev/null
     kubectl_ apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Service

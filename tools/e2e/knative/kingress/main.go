@@ -11,11 +11,12 @@
 // reports both in each Ingress's status with Ready once its routes are live.
 //
 // Not implemented (the conformance suite's other parts): TLS, HTTP/2 and gRPC towards backends, retries,
-// timeouts, probe headers, tags.
+// timeouts, tags.
 package main
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -43,6 +44,8 @@ import (
 	clientset "knative.dev/networking/pkg/client/clientset/versioned"
 	informers "knative.dev/networking/pkg/client/informers/externalversions"
 	listers "knative.dev/networking/pkg/client/listers/networking/v1alpha1"
+	"knative.dev/networking/pkg/http/header"
+	"knative.dev/networking/pkg/ingress"
 )
 
 type options struct {
@@ -71,6 +74,7 @@ type path struct {
 	headers     map[string]string
 	splits      []split
 	total       int
+	hash        string // the Ingress's config hash, sent on a probe that asks for it (K-Network-Hash: override)
 }
 
 // table maps a lower-case host to its paths, in the order the Ingress lists them (first match wins).
@@ -219,6 +223,11 @@ func (c *controller) sync(ctx context.Context) error {
 }
 
 func (c *controller) add(t *tables, ing *v1alpha1.Ingress) {
+	sum, err := ingress.ComputeHash(ing)
+	if err != nil {
+		log.Printf("kingress: %s/%s: %v", ing.Namespace, ing.Name, err)
+	}
+	hash := hex.EncodeToString(sum[:])
 	for _, rule := range ing.Spec.Rules {
 		if rule.HTTP == nil {
 			continue
@@ -226,7 +235,7 @@ func (c *controller) add(t *tables, ing *v1alpha1.Ingress) {
 		var paths []*path
 		for _, p := range rule.HTTP.Paths {
 			compiled := &path{prefix: p.Path, rewriteHost: p.RewriteHost, headers: p.AppendHeaders,
-				match: map[string]string{}}
+				match: map[string]string{}, hash: hash}
 			for name, m := range p.Headers {
 				compiled.match[name] = m.Exact
 			}
@@ -286,7 +295,7 @@ func (c *controller) server(addr string, private bool) *http.Server {
 	}}
 	dialer := &net.Dialer{Timeout: 5 * time.Second, Resolver: resolver}
 	transport := &http.Transport{
-		DialContext:           dialer.DialContext,
+		DialContext:           refusedRetrying(dialer),
 		MaxIdleConnsPerHost:   32,
 		IdleConnTimeout:       30 * time.Second,
 		ResponseHeaderTimeout: 0, // a cold start through the activator takes what it takes
@@ -306,6 +315,10 @@ func (c *controller) server(addr string, private bool) *http.Server {
 			}
 			for name, value := range chosen.split.headers {
 				r.Out.Header.Set(name, value)
+			}
+			if r.In.Header.Get(header.ProbeKey) == header.ProbeValue &&
+				r.In.Header.Get(header.HashKey) == header.HashValueOverride {
+				r.Out.Header.Set(header.HashKey, chosen.path.hash)
 			}
 		},
 		Transport:     transport,
@@ -333,6 +346,25 @@ func (c *controller) server(addr string, private bool) *http.Server {
 	protocols.SetUnencryptedHTTP2(true) // the route's Service names its port h2c
 	return &http.Server{Addr: addr, Handler: handler, Protocols: protocols, ReadHeaderTimeout: 30 * time.Second,
 		ErrorLog: log.New(os.Stderr, "kingress: ", log.LstdFlags)}
+}
+
+// refusedRetrying retries a refused connection for a few seconds: a Service created a moment ago may not
+// be in kube-proxy's rules yet, and a refused dial sent nothing, so trying again is safe.
+func refusedRetrying(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			conn, err := d.DialContext(ctx, network, addr)
+			if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Now().After(deadline) {
+				return conn, err
+			}
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
 }
 
 type routeKey struct{}
