@@ -8,7 +8,7 @@ PHASE := bash tools/ci/phase.sh
 SUBMAKE := $(MAKE) --no-print-directory
 
 .PHONY: run test lint typecheck unit integration bench soak envtest crds crds-check helm clean openapi \
-	constraints e2e e2e-prereqs e2e-image e2e-binaries e2e-up e2e-down
+	constraints e2e e2e-prereqs e2e-image e2e-binaries e2e-knative e2e-knative-conformance e2e-up e2e-down
 
 $(STAMP): requirements.txt requirements-dev.txt requirements-adapters.txt requirements-faults.txt constraints.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,11 +54,20 @@ envtest:
 
 ## The e2e tier (root): a real single-node cluster on this host runs the image; see tools/e2e/README.md.
 ## Not part of `make test`. The cluster comes up for the run and goes down after it.
+## Each step is a phase of its own (build, cluster, Knative, tests, teardown), so its time is printed; the
+## cluster goes down after the tests unless SESSIONMEM_E2E_KEEP_CLUSTER=1.
 e2e: $(STAMP)
 	@$(PHASE) e2e-prereqs bash tools/e2e/prereqs.sh
 	@$(PHASE) e2e-binaries bash tools/e2e/build-binaries.sh >/dev/null
+	@$(PHASE) e2e-knative-build bash tools/e2e/build-knative.sh >/dev/null
 	@$(PHASE) e2e-image bash tools/e2e/image.sh >/dev/null
-	@$(PHASE) e2e-tests $(PY) -m pytest -m e2e tests/e2e
+	@$(PHASE) e2e-up env E2E_KNATIVE=0 bash tools/e2e/cluster.sh up >/dev/null \
+		|| { bash tools/e2e/cluster.sh down; exit 1; }
+	@$(PHASE) e2e-knative-up bash tools/e2e/cluster.sh knative >/dev/null \
+		|| { bash tools/e2e/cluster.sh down; exit 1; }
+	@rc=0; $(PHASE) e2e-tests $(PY) -m pytest -m e2e tests/e2e --durations=0 --durations-min=5 || rc=$$?; \
+		if [ "$${SESSIONMEM_E2E_KEEP_CLUSTER:-}" != 1 ]; then $(PHASE) e2e-down bash tools/e2e/cluster.sh down; fi; \
+		exit $$rc
 
 e2e-prereqs:
 	@bash tools/e2e/prereqs.sh
@@ -70,6 +79,14 @@ e2e-image: e2e-prereqs
 ## kubelet, kube-scheduler, kube-proxy, kubectl, CoreDNS and pause, built once per version.
 e2e-binaries:
 	@bash tools/e2e/build-binaries.sh
+
+## Knative Serving's controller, activator, autoscaler, webhook and queue, and kingress: one go build.
+e2e-knative:
+	@bash tools/e2e/build-knative.sh
+
+## knative.dev/networking's KIngress conformance suite against the e2e cluster's kingress (cluster up).
+e2e-knative-conformance:
+	@bash tools/e2e/knative-conformance.sh
 
 ## Brings the e2e cluster up (and leaves it up: KUBECONFIG is printed) / down.
 e2e-up:

@@ -26,6 +26,16 @@ KEEP_CLUSTER_ENV = "SESSIONMEM_E2E_KEEP_CLUSTER"  # set to 1 to keep the cluster
 
 
 @dataclass(frozen=True)
+class KnativeServing:
+    """Knative Serving as cluster.sh installs it: ``ingress`` is its test ingress (kingress) as this host
+    reaches it, routing by host; routes are named ``{name}.{namespace}.{domain}``."""
+
+    version: str
+    ingress: str
+    domain: str
+
+
+@dataclass(frozen=True)
 class E2ECluster:
     kubeconfig: str
     kubectl_binary: str
@@ -33,6 +43,12 @@ class E2ECluster:
     valkey_image: str
     demo_agent_image: str
     run_dir: Path  # the cluster's state on this host ($E2E_RUN_DIR), removed by `cluster.sh down`
+    knative_serving: KnativeServing | None = None  # None when the cluster was brought up with E2E_KNATIVE=0
+
+    def knative(self) -> KnativeServing:
+        if self.knative_serving is None:
+            raise AssertionError("this cluster runs without Knative Serving (it was brought up with E2E_KNATIVE=0)")
+        return self.knative_serving
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60.0) -> str:
         """Runs kubectl against the cluster; a non-zero exit fails with kubectl's own message."""
@@ -204,6 +220,11 @@ def e2e_cluster() -> Iterator[E2ECluster]:
             valkey_image=values["VALKEY_IMAGE"],
             demo_agent_image=values["DEMO_AGENT_IMAGE"],
             run_dir=Path(values["E2E_RUN_DIR"]),
+            knative_serving=(
+                KnativeServing(values["KNATIVE_VERSION"], values["KNATIVE_INGRESS"], values["KNATIVE_DOMAIN"])
+                if "KNATIVE_INGRESS" in values
+                else None
+            ),
         )
     finally:
         if not was_running and os.environ.get(KEEP_CLUSTER_ENV) != "1":
@@ -335,6 +356,8 @@ def valkey_cli(cluster: E2ECluster, release: Release, *args: str) -> list[str]:
 
 
 OTLP_PORT = 4318
+# The SDK's batch processor exports every 5 s; a pod's first export also waits for its start-up.
+SPAN_EXPORT_SECONDS = 60.0
 OTLP_RECEIVER = REPO / "tests" / "e2e" / "otlp_receiver.py"
 
 
@@ -352,6 +375,22 @@ class OtlpReceiver:
         response.raise_for_status()
         spans: list[dict[str, Any]] = response.json()
         return spans
+
+    def memory_spans(
+        self, trace_id: str, expected: set[tuple[str, str]], timeout: float = SPAN_EXPORT_SECONDS
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        """The trace's memory.* spans by (service, operation), once all ``expected`` have arrived."""
+        deadline = time.monotonic() + timeout
+        while True:
+            spans = {
+                (span["service"], span["name"].removeprefix("memory.")): span
+                for span in self.spans(trace_id)
+                if span["name"].startswith("memory.")
+            }
+            if set(spans) >= expected:
+                return spans
+            assert time.monotonic() < deadline, f"spans of trace {trace_id} so far: {sorted(spans)}"
+            time.sleep(1)
 
 
 def _otlp_receiver_manifest(namespace: str, image: str) -> str:

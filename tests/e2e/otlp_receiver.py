@@ -54,6 +54,8 @@ def flatten(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
                         "traceId": span.trace_id.hex(),
                         "spanId": span.span_id.hex(),
                         "parentSpanId": span.parent_span_id.hex(),
+                        "startTimeUnixNano": span.start_time_unix_nano,
+                        "endTimeUnixNano": span.end_time_unix_nano,
                         "attributes": _attributes(span.attributes),
                     }
                 )

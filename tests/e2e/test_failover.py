@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from tests.e2e.agents import Turn, deploy_agent, turn
+from tests.e2e.agents import Endpoint, Turn, deploy_agent, turn
 from tests.e2e.conftest import (
     ROLLOUT_SECONDS,
     E2ECluster,
@@ -27,7 +27,7 @@ RECOVERY_SECONDS = 90
 OUTAGE_TURNS = 5
 
 
-def recall(url: str, conversation_id: str) -> Turn:
+def recall(url: Endpoint, conversation_id: str) -> Turn:
     """Asks the agent for the name it was told, until the managed loop's replay reads memory again (a turn
     answered without memory is fail-open, and stores nothing a later recall would see)."""
     deadline = time.monotonic() + RECOVERY_SECONDS

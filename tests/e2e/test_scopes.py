@@ -19,7 +19,7 @@ import pytest
 from sessionmem_core import api, env, kube
 from sessionmem_core.capability import Keyring, mint_capability, user_bucket
 from sessionmem_core.keys import Owner
-from tests.e2e.agents import deploy_agent, turn, wait_pods_wired
+from tests.e2e.agents import DEPLOYMENT, SERVING, deploy_agent, turn, wait_wired
 from tests.e2e.conftest import E2ECluster, Release, release_workloads, valkey_cli
 
 pytestmark = pytest.mark.e2e
@@ -70,13 +70,18 @@ def registry(e2e_cluster: E2ECluster, namespace: str) -> Iterator[Registry]:
     e2e_cluster.kubectl("delete", "agentregistry", name, "--wait=false")
 
 
+# Both execution models: a Deployment, and the seed's Knative Service (issue #35).
+EXECUTION_MODELS = pytest.mark.parametrize("execution_model", [DEPLOYMENT, SERVING])
+
+
+@EXECUTION_MODELS
 def test_registry_members_share_one_conversation_stamped_with_each_writer(
-    e2e_cluster: E2ECluster, release: Release, namespace: str, registry: Registry
+    e2e_cluster: E2ECluster, release: Release, namespace: str, registry: Registry, execution_model: str
 ) -> None:
-    writer = deploy_agent(e2e_cluster, namespace, "writer", {"scope": "shared"})
-    reader = deploy_agent(e2e_cluster, namespace, "reader", {"scope": "shared"})
+    writer = deploy_agent(e2e_cluster, namespace, "writer", {"scope": "shared"}, execution_model)
+    reader = deploy_agent(e2e_cluster, namespace, "reader", {"scope": "shared"}, execution_model)
     for agent in ("writer", "reader"):
-        wait_pods_wired(e2e_cluster, namespace, agent, env.SCOPE, "shared")
+        wait_wired(e2e_cluster, namespace, agent, env.SCOPE, "shared", execution_model)
     # The proxy may hold a list of registries fetched before this one existed, for its cache period.
     time.sleep(max(0.0, registry.created + MEMBERSHIP_CACHE_SECONDS - time.monotonic()))
 
@@ -125,10 +130,11 @@ def test_a_non_member_asking_for_shared_keeps_its_private_keys_and_says_so(
     assert events[0]["involvedObject"]["kind"] == kube.AGENT_KIND
 
 
+@EXECUTION_MODELS
 def test_a_per_user_agent_keeps_each_user_in_a_bucket_of_their_own(
-    e2e_cluster: E2ECluster, release: Release, namespace: str
+    e2e_cluster: E2ECluster, release: Release, namespace: str, execution_model: str
 ) -> None:
-    personal = deploy_agent(e2e_cluster, namespace, "personal", {"scope": "session", "perUser": True})
+    personal = deploy_agent(e2e_cluster, namespace, "personal", {"scope": "session", "perUser": True}, execution_model)
     secret = release_workloads(e2e_cluster, release)["proxy"].split("/", 1)[1] + "-capability-key"
     encoded = e2e_cluster.kubectl(
         "get", f"secret/{secret}", "-n", release.namespace, "-o", "jsonpath={.data.capability-key}"

