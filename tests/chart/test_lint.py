@@ -751,6 +751,14 @@ def test_rbac_is_least_privilege() -> None:
     }
     assert (kube.GROUP, "agentdeployments/status", "patch") in operator
     assert ("serving.knative.dev", "services", "create") in operator
+    # Every child is read before it is written: one the agent does not control is left alone.
+    for child in (
+        ("serving.knative.dev", "services"),
+        ("apps", "deployments"),
+        ("", "services"),
+        ("", "serviceaccounts"),
+    ):
+        assert (*child, "get") in operator, child
     proxy = _rules(find(docs, "ClusterRole", n["proxy"]))
     # Reads only: registries (shared-scope membership) and AgentDeployments (their quota).
     assert proxy == {
