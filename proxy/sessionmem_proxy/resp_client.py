@@ -120,6 +120,18 @@ class Endpoint:
 
 
 def _tls_context(options: dict[str, Any]) -> ssl.SSLContext:
+    """The TLS settings of the URL's ssl_* options. A file that cannot be read is a ValueError naming the
+    option and the path (the proxy exits at start-up: a mounted Secret with another key name is the usual
+    cause), never a connection with fewer checks."""
+    try:
+        return _load_tls_context(options)
+    except (OSError, ssl.SSLError) as error:
+        files = {name: options[name] for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile") if options.get(name)}
+        named = ", ".join(f"{name}={path}" for name, path in files.items())
+        raise ValueError(f"cannot load the Valkey TLS files ({named}): {error}") from error
+
+
+def _load_tls_context(options: dict[str, Any]) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
     requirement = str(options.get("ssl_cert_reqs", "required")).lower()
     if requirement not in _CERT_REQS:

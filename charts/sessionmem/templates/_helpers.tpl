@@ -153,8 +153,12 @@ URL holds $(VALKEY_PASSWORD), which the kubelet substitutes from the env var of 
 defined before it in the container.
 */}}
 {{- define "sessionmem.valkey.url" -}}
+{{- include "sessionmem.valkey.baseUrl" . -}}{{- include "sessionmem.valkey.tlsQuery" . -}}
+{{- end -}}
+
+{{- define "sessionmem.valkey.baseUrl" -}}
 {{- if .Values.valkey.enabled -}}
-{{- printf "valkey://%s:$(VALKEY_PASSWORD)@%s.%s.svc.%s:6379/0" .Values.valkey.username (include "sessionmem.valkey.fullname" .) .Release.Namespace .Values.clusterDomain -}}
+{{- printf "%s://%s:$(VALKEY_PASSWORD)@%s.%s.svc.%s:6379/0" (ternary "valkeys" "valkey" .Values.valkey.tls.enabled) .Values.valkey.username (include "sessionmem.valkey.fullname" .) .Release.Namespace .Values.clusterDomain -}}
 {{- else -}}
 {{- $raw := required "externalValkey.url is required when valkey.enabled is false" .Values.externalValkey.url -}}
 {{- /* Parsed by hand: a cluster URL lists several host:port seeds, which no URL parser accepts. */ -}}
@@ -173,6 +177,55 @@ defined before it in the container.
 {{- $raw -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Where the proxy finds the Valkey TLS files it was given. */}}
+{{- define "sessionmem.valkey.tlsDir" -}}/etc/sessionmem/valkey-tls{{- end -}}
+{{- define "sessionmem.valkey.clientTlsDir" -}}/etc/sessionmem/valkey-client-tls{{- end -}}
+
+{{/*
+The Secret with the CA the proxy verifies Valkey's certificate with ("" for the image's public CAs), and
+the client certificate's Secret and keys ("" for none): from valkey.tls for the bundled Valkey, from
+externalValkey.tls otherwise. A TLS setting without a TLS URL is an error, never a silent plain connection.
+*/}}
+{{- define "sessionmem.valkey.caSecret" -}}
+{{- if .Values.valkey.enabled -}}
+{{- if .Values.valkey.tls.enabled -}}
+{{- required "valkey.tls.existingSecret is required when valkey.tls.enabled is true" .Values.valkey.tls.existingSecret -}}
+{{- end -}}
+{{- else -}}
+{{- .Values.externalValkey.tls.existingSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sessionmem.valkey.tlsQuery" -}}
+{{- $ca := include "sessionmem.valkey.caSecret" . -}}
+{{- $query := list -}}
+{{- if $ca -}}
+{{- $caKey := ternary "ca.crt" .Values.externalValkey.tls.caKey .Values.valkey.enabled -}}
+{{- $query = append $query (printf "ssl_ca_certs=%s/%s" (include "sessionmem.valkey.tlsDir" .) $caKey) -}}
+{{- end -}}
+{{- if .Values.valkey.enabled -}}
+{{- if and .Values.valkey.tls.enabled .Values.valkey.tls.clientExistingSecret -}}
+{{- $dir := include "sessionmem.valkey.clientTlsDir" . -}}
+{{- $query = append $query (printf "ssl_certfile=%s/tls.crt&ssl_keyfile=%s/tls.key" $dir $dir) -}}
+{{- end -}}
+{{- else -}}
+{{- $tls := .Values.externalValkey.tls -}}
+{{- if or $tls.existingSecret $tls.certKey $tls.keyKey -}}
+{{- if not (regexMatch "^(valkeys|rediss)(\\+cluster)?://" .Values.externalValkey.url) -}}
+{{- fail "externalValkey.tls needs a valkeys:// or rediss:// url: the proxy never sends conversations in plain text where TLS was asked for" -}}
+{{- end -}}
+{{- end -}}
+{{- if or $tls.certKey $tls.keyKey -}}
+{{- if not (and $tls.existingSecret $tls.certKey $tls.keyKey) -}}
+{{- fail "externalValkey.tls: a client certificate needs existingSecret, certKey and keyKey" -}}
+{{- end -}}
+{{- $dir := include "sessionmem.valkey.tlsDir" . -}}
+{{- $query = append $query (printf "ssl_certfile=%s/%s&ssl_keyfile=%s/%s" $dir $tls.certKey $dir $tls.keyKey) -}}
+{{- end -}}
+{{- end -}}
+{{- if $query -}}?{{ join "&" $query }}{{- end -}}
 {{- end -}}
 
 {{/* TCP ports of the Valkey the proxy talks to, one per line (for its egress NetworkPolicy); a cluster URL
