@@ -10,10 +10,8 @@ TLS-terminating load balancer of a managed service.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import ipaddress
-import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from tests.support.tls_front import serve, server_context
 from tests.support.valkey import free_port
 
 
@@ -48,7 +47,7 @@ def _write(folder: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurv
 
 
 class PrivateCA:
-    """A CA that signs server certificates (for 127.0.0.1 and localhost) and client certificates."""
+    """A CA that signs server certificates (for 127.0.0.1 and ``dns_names``) and client certificates."""
 
     def __init__(self, folder: Path, common_name: str = "sessionmem test CA") -> None:
         self.folder = folder
@@ -73,7 +72,7 @@ class PrivateCA:
     def cert_path(self) -> Path:
         return self.files.cert
 
-    def issue(self, stem: str, *, server: bool) -> CertFiles:
+    def issue(self, stem: str, *, server: bool, dns_names: tuple[str, ...] = ("localhost",)) -> CertFiles:
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         builder = (
@@ -92,7 +91,7 @@ class PrivateCA:
         if server:
             builder = builder.add_extension(
                 x509.SubjectAlternativeName(
-                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                    [*map(x509.DNSName, dns_names), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
                 ),
                 critical=False,
             )
@@ -100,48 +99,23 @@ class PrivateCA:
 
 
 class TlsFront:
-    """A TLS listener on 127.0.0.1 that passes each connection's bytes to ``target_port`` and back.
+    """A TLS listener on 127.0.0.1 that passes each connection's bytes to ``target_port`` and back
+    (tests/support/tls_front.py, in a thread of its own).
 
     ``client_ca``: require client certificates signed by it (mutual TLS), as a managed Valkey can."""
 
     def __init__(self, target_port: int, server: CertFiles, client_ca: Path | None = None) -> None:
         self.target_port = target_port
         self.port = free_port()
-        self._context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self._context.load_cert_chain(server.cert, server.key)
-        if client_ca is not None:
-            self._context.load_verify_locations(client_ca)
-            self._context.verify_mode = ssl.CERT_REQUIRED
+        self._context = server_context(str(server.cert), str(server.key), str(client_ca) if client_ca else None)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tls-front", daemon=True)
         self._server: asyncio.Server | None = None
 
     def start(self) -> None:
         self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(timeout=10)
-
-    async def _listen(self) -> asyncio.Server:
-        return await asyncio.start_server(self._serve, "127.0.0.1", self.port, ssl=self._context)
-
-    async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        try:
-            server_reader, server_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        except OSError:
-            client_writer.close()
-            return
-        await asyncio.gather(
-            self._pipe(client_reader, server_writer), self._pipe(server_reader, client_writer), return_exceptions=True
-        )
-
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        finally:
-            with contextlib.suppress(Exception):
-                writer.close()
+        listening = serve("127.0.0.1", self.port, "127.0.0.1", self.target_port, self._context)
+        self._server = asyncio.run_coroutine_threadsafe(listening, self._loop).result(timeout=10)
 
     def close(self) -> None:
         async def stop() -> None:
