@@ -4,6 +4,7 @@ fail-open managed loop, and exactly one ``memory.*`` span per operation under th
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
@@ -102,8 +103,9 @@ async def test_managed_loop_replays_and_appends(launcher: Launcher, valkey_serve
 
 
 async def test_valkey_stopped_gives_typed_503_fast_and_the_loop_still_answers(
-    launcher: Launcher, valkey_server: ValkeyProcess
+    launcher: Launcher, valkey_server: ValkeyProcess, proxy_process: ServiceProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="sessionmem.launcher")
     headers = {"X-Conversation-Id": "outage"}
     async with httpx.AsyncClient(timeout=10) as client:
         await client.post(f"{serve_url(launcher)}/", json={"input": "my name is Grace"}, headers=headers)
@@ -127,6 +129,12 @@ async def test_valkey_stopped_gives_typed_503_fast_and_the_loop_still_answers(
         recalled = await client.post(f"{serve_url(launcher)}/", json={"input": "what is my name?"}, headers=headers)
     assert again.headers["x-sessionmem-memory"] == "ok"
     assert recalled.json()["output"] == "Your name is Linus."
+    # Three failed calls, one line: memory down, with the proxy's address and the backend's cause; one when back.
+    lines = [r.getMessage() for r in caplog.records if r.name == "sessionmem.launcher"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"memory (the proxy) at {proxy_process.base_url} is down: the proxy answered 503")
+    assert "memory backend unavailable" in lines[0]
+    assert lines[1] == f"memory (the proxy) at {proxy_process.base_url} is up again"
 
 
 async def test_proxy_unreachable_is_a_typed_503_within_the_bound(
