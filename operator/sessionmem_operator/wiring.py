@@ -38,6 +38,10 @@ class MemoryReason(StrEnum):
     BACKEND_ADDR_IGNORED = "BackendAddrIgnored"
     KNATIVE_SERVING_NOT_INSTALLED = "KnativeServingNotInstalled"
     NAME_CONFLICT = "NameConflict"
+    # Health, after the wiring (status.memory_condition): the backend or the agent's own pods are down.
+    MEMORY_BACKEND_UNAVAILABLE = "MemoryBackendUnavailable"
+    PROXY_UNREACHABLE = "ProxyUnreachable"
+    AGENT_NOT_RUNNING = "AgentNotRunning"
 
 
 # Chart values that fix each finding, named in its message so the reader knows what to change.

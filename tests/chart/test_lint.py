@@ -537,6 +537,13 @@ def test_an_empty_proxy_url_means_none_and_unset_means_this_release(tmp_path: Pa
     assert _operator_config(render("--set", "operator.proxyUrl="), tmp_path).proxy_url is None
 
 
+def test_the_operator_probes_the_proxys_health_as_configured(tmp_path: Path) -> None:
+    assert _operator_config(render(), tmp_path).memory_health_seconds == 10
+    assert _operator_config(render("--set", "operator.memoryHealthSeconds=0"), tmp_path).memory_health_seconds == 0
+    refused = run_helm("template", RELEASE, str(CHART), "--set", "operator.memoryHealthSeconds=0.5", check=False)
+    assert refused.returncode != 0 and "memoryHealthSeconds" in refused.stderr
+
+
 def test_custom_redactors_reach_the_proxy_and_the_operator(tmp_path: Path) -> None:
     from sessionmem_proxy.redaction import Redaction
 
@@ -879,11 +886,26 @@ def test_network_policies() -> None:
     operator = find(docs, "NetworkPolicy", n["operator"])["spec"]
     assert _matches(operator["podSelector"], pod_labels["operator"])
     assert operator["ingress"] == []
-    assert [p["port"] for r in operator["egress"] for p in r["ports"]] == [443, 6443]
+    # The API server, DNS, and the proxy's port on the proxy's pods (its /readyz: MemoryReady follows it).
+    assert [p["port"] for r in operator["egress"] for p in r["ports"]] == [443, 6443, 53, 53, 8000]
+    (to_proxy,) = [r for r in operator["egress"] if r.get("to") and "podSelector" in r["to"][0]]
+    assert _matches(to_proxy["to"][0]["podSelector"], pod_labels["proxy"])
+    assert any(_matches(p["podSelector"], pod_labels["operator"]) for p in peers if "namespaceSelector" not in p)
 
     pinned = render("--set", "networkPolicy.apiServer.cidrs={10.0.0.1/32}")
     operator = find(pinned, "NetworkPolicy", n["operator"])["spec"]
     assert operator["egress"][0]["to"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
+
+    # No probing, or a proxy elsewhere: the operator reaches the API server only (plus what is added).
+    for settings in (("operator.memoryHealthSeconds=0",), ("operator.proxyUrl=http://memory.example:9000",)):
+        docs = render(*(arg for setting in settings for arg in ("--set", setting)))
+        operator = find(docs, "NetworkPolicy", n["operator"])["spec"]
+        assert [p["port"] for r in operator["egress"] for p in r["ports"]] == [443, 6443], settings
+    extra = render("--set-json", 'networkPolicy.operatorExtraEgress=[{"ports":[{"protocol":"TCP","port":9000}]}]')
+    operator = find(extra, "NetworkPolicy", n["operator"])["spec"]
+    assert operator["egress"][-1] == {"ports": [{"protocol": "TCP", "port": 9000}]}
+    peers = find(render("--set", "operator.memoryHealthSeconds=0"), "NetworkPolicy", n["proxy"])["spec"]["ingress"][0]
+    assert not any(_matches(p["podSelector"], pod_labels["operator"]) for p in peers["from"])
 
 
 # ---- Valkey: AOF and the ACL, on a real valkey-server --------------------------------------------------
