@@ -265,6 +265,52 @@ def test_notes_show_the_first_agent_deployment() -> None:
     assert "kubectl apply -f support-agent.yaml" in notes
 
 
+def _notes(*args: str, release: str = RELEASE) -> str:
+    out = run_helm("install", release, str(CHART), "-n", NAMESPACE, "--dry-run=client", *args).stdout
+    return out.split("NOTES:", 1)[1]
+
+
+def _valkey_claim(docs: list[Doc]) -> str:
+    """The PersistentVolumeClaim the StatefulSet makes for its first pod: <template>-<statefulset>-0."""
+    (statefulset,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    return f"{statefulset['spec']['volumeClaimTemplates'][0]['metadata']['name']}-{statefulset['metadata']['name']}-0"
+
+
+def test_notes_say_what_valkey_needs_and_how_to_see_why_it_is_not_up() -> None:
+    docs = render()
+    statefulset = find(docs, "StatefulSet", names()["valkey"])
+    image = pod_spec(statefulset)["containers"][0]["image"]
+    claim = _valkey_claim(docs)
+    notes = _notes()
+    assert f"image {image}" in notes and "valkey.image.registry" in notes
+    assert "default StorageClass" in notes and "valkey.persistence.storageClass=<name>" in notes
+    assert f"describe pvc {claim}" in notes
+    assert f"describe pod {statefulset['metadata']['name']}-0" in notes
+    assert f"logs deployment/{names()['proxy']}" in notes
+    # What helm uninstall leaves behind, named as the cluster will show it.
+    assert f"helm uninstall {RELEASE} -n {NAMESPACE}" in notes and f"the volume {claim}" in notes
+
+    named = _notes("--set", "valkey.persistence.storageClass=fast-ssd")
+    assert 'from the StorageClass "fast-ssd"' in named and "default StorageClass" not in named
+    ephemeral = _notes("--set", "valkey.persistence.enabled=false")
+    assert "describe pvc" not in ephemeral and "the volume" not in ephemeral
+
+
+def test_install_doc_names_what_the_chart_makes_for_a_release_named_sessionmem() -> None:
+    """docs/install.md's commands (troubleshooting, uninstall) use the names the chart gives release
+    sessionmem in namespace sessionmem."""
+    text = (REPO / "docs" / "install.md").read_text(encoding="utf-8")
+    docs = render(release="sessionmem", namespace="sessionmem")
+    claim = _valkey_claim(docs)
+    proxy = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-proxy"))
+    valkey = next(d for d in docs if d["kind"] == "StatefulSet")
+    assert f"describe pvc {claim}" in text and f"delete pvc {claim}" in text
+    assert f"describe pod {valkey['metadata']['name']}-0" in text
+    assert f"logs deployment/{proxy['metadata']['name']}" in text
+    assert "## 7. Uninstalling" in text and "kubectl delete -f charts/sessionmem/crds/" in text
+    assert f"`{kube.agent_service_account('<agent>')}`" in text
+
+
 # ---- the values schema ---------------------------------------------------------------------------------
 
 
