@@ -166,6 +166,13 @@ def test_the_plugin_and_its_docs_name_the_proxy_service_as_the_chart_does() -> N
     assert find(render(release="sessionmem"), "Service", env.DEFAULT_KUBECTL_PROXY_SERVICE)
     docs = (REPO / "docs" / "kubectl.md").read_text(encoding="utf-8")
     assert "`<release>-sessionmem-proxy`" in docs
+    # Nowhere is the short name given alone: it is the chart's name only for releases named like it.
+    sources = [REPO / "README.md", REPO / "operator" / "README.md", REPO / "core" / "sessionmem_core" / "env.py"]
+    sources += [*(REPO / "docs").glob("*.md"), *(REPO / "client" / "sessionmem_client" / "kubectl").glob("*.py")]
+    for source in sources:
+        text = source.read_text(encoding="utf-8")
+        for match in re.finditer(r"<release>-proxy", text):
+            assert "<release>-sessionmem-proxy" in text[max(0, match.start() - 120) : match.start()], source
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
