@@ -169,8 +169,8 @@ def resolve_memory(agent: AgentSpec, registries: Sequence[str], config: Operator
     if config.proxy_url is None:
         message = (
             "no state-layer proxy URL is configured, and the launcher reaches memory only through the proxy: "
-            f"the agent runs without memory. Leave the chart value {PROXY_URL_VALUE} unset (this release's "
-            "proxy) or set it to the proxy's URL"
+            f'the agent runs without memory. Set the chart value {PROXY_URL_VALUE} to "" (this release\'s '
+            "proxy, the default) or to the proxy's URL"
         )
         reason = MemoryReason.NO_PROXY_CONFIGURED
         return MemoryResolution(reason, message, findings=(Finding(reason, message, True),))

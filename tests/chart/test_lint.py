@@ -339,6 +339,7 @@ def test_install_doc_names_what_the_chart_makes_for_a_release_named_sessionmem()
         ("proxy.limits.maxHeaderBytes=0", "/proxy/limits/maxHeaderBytes", "minimum"),
         ("proxy.quota.requestsPerSecond=0", "/proxy/quota/requestsPerSecond", "minimum"),
         ("operator.resyncSeconds=0", "/operator/resyncSeconds", "minimum"),
+        ("operator.proxyUrl=nothing", "/operator/proxyUrl", "does not match pattern"),
         ("operator.launcher.limits.maxUrlBytes=0", "/operator/launcher/limits/maxUrlBytes", "minimum"),
         ("operator.launcher.limits.maxUrls=5", "/operator/launcher/limits", "additional properties"),
     ],
@@ -581,13 +582,15 @@ def _operator_config(docs: list[Doc], tmp_path: Path) -> OperatorConfig:
     return OperatorConfig.load({**variables, env.OPERATOR_CONFIG_FILE: str(local)})
 
 
-def test_an_empty_proxy_url_means_none_and_unset_means_this_release(tmp_path: Path) -> None:
+def test_proxy_url_none_means_none_and_empty_or_null_means_this_release(tmp_path: Path) -> None:
     default = _operator_config(render(), tmp_path)
     assert default.proxy_url == f"http://{names()['proxy']}.{NAMESPACE}.svc.cluster.local:8000"
     assert _operator_config(render("--set", "operator.proxyUrl=http://memory.example:9000/"), tmp_path).proxy_url == (
         "http://memory.example:9000"
     )
-    assert _operator_config(render("--set", "operator.proxyUrl="), tmp_path).proxy_url is None
+    assert _operator_config(render("--set", "operator.proxyUrl=none"), tmp_path).proxy_url is None
+    for setting in ("operator.proxyUrl=", "operator.proxyUrl=null"):
+        assert _operator_config(render("--set", setting), tmp_path).proxy_url == default.proxy_url
 
 
 def test_the_operator_probes_the_proxys_health_as_configured(tmp_path: Path) -> None:
@@ -950,7 +953,11 @@ def test_network_policies() -> None:
     assert operator["egress"][0]["to"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
 
     # No probing, or a proxy elsewhere: the operator reaches the API server only (plus what is added).
-    for settings in (("operator.memoryHealthSeconds=0",), ("operator.proxyUrl=http://memory.example:9000",)):
+    for settings in (
+        ("operator.memoryHealthSeconds=0",),
+        ("operator.proxyUrl=http://memory.example:9000",),
+        ("operator.proxyUrl=none",),
+    ):
         docs = render(*(arg for setting in settings for arg in ("--set", setting)))
         operator = find(docs, "NetworkPolicy", n["operator"])["spec"]
         assert [p["port"] for r in operator["egress"] for p in r["ports"]] == [443, 6443], settings
