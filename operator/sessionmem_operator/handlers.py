@@ -13,7 +13,7 @@ import aiohttp
 import kopf
 
 from sessionmem_core import kube
-from sessionmem_operator import kubeapi, reconcile, registry
+from sessionmem_operator import knative_watch, kubeapi, reconcile, registry
 from sessionmem_operator.backend import BackendWatch
 from sessionmem_operator.config import OperatorConfig
 from sessionmem_operator.kopf_settings import apply_settings
@@ -113,6 +113,14 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, logger: Logger, *
     # kopf hands startup handlers the (still filling) index too; it is the same live object later on.
     index = _index(kwargs)
     memo["resync"] = asyncio.create_task(_resync_forever(runtime, index, logger))
+
+    async def knative_changed(event_type: str | None, body: Any) -> None:
+        await reconcile.workload_changed(runtime, event_type, body, index, logger)
+
+    memo["knative"] = [
+        asyncio.create_task(knative_watch.watch_forever(runtime.kube, namespace, knative_changed, logger))
+        for namespace in (config.namespaces or (None,))
+    ]
     if config.proxy_url and config.memory_health_seconds > 0:
         # Probed once before the first reconcile, so no agent is reported ready on a backend known down.
         session = aiohttp.ClientSession()
@@ -128,8 +136,8 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, logger: Logger, *
 
 @kopf.on.cleanup()
 async def stop(*, memo: Any, **_: Any) -> None:
-    for task_name in ("resync", "health"):
-        task = memo.get(task_name)
+    tasks = [memo.get("resync"), memo.get("health"), *(memo.get("knative") or ())]
+    for task in tasks:
         if isinstance(task, asyncio.Task):
             await _stop_task(task)
     session = memo.get("health_session")
@@ -158,7 +166,7 @@ async def agent_deployment(
         raise _retry(exc, retry) from exc
 
 
-@kopf.on.event("serving.knative.dev", "v1", "services", labels=OWNED)
+# Knative Services are watched by knative_watch.py (they may be installed while the operator runs).
 @kopf.on.event("apps", "v1", "deployments", labels=OWNED)
 async def workload(*, type: str | None, body: kopf.Body, memo: Any, logger: Logger, **kwargs: Any) -> None:
     # Event handlers are not retried by kopf: the next status change of the workload brings a fresh try.
