@@ -70,7 +70,8 @@ class AgentUnavailable(SessionMemError):
 
 
 READY = b'{"status":"ready"}'
-_READY_TIMEOUT_SECONDS = 1.0
+# How often the readiness answer tries the agent's port while it waits for it.
+_READY_RETRY_SECONDS = 0.05
 
 
 class ManagedLoop:
@@ -112,13 +113,21 @@ class ManagedLoop:
         await self._turn(scope, proto, parse_conversation_id(conversation_id), body, capability)
 
     async def _agent_listening(self) -> None:
-        """``agent_unavailable`` (502) until the agent accepts a connection on its port."""
+        """Returns once the agent accepts a connection on its port, waiting up to
+        ``api.AGENT_READY_WAIT_SECONDS`` for it; ``agent_unavailable`` (502) after that."""
+        port = self._settings.agent_port
         try:
-            async with asyncio.timeout(_READY_TIMEOUT_SECONDS):
-                _, writer = await asyncio.open_connection("127.0.0.1", self._settings.agent_port)
-            writer.close()
-        except (OSError, TimeoutError) as exc:
-            raise AgentUnavailable(f"agent on port {self._settings.agent_port} is not listening yet") from exc
+            async with asyncio.timeout(api.AGENT_READY_WAIT_SECONDS):
+                while True:
+                    try:
+                        _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    except OSError:
+                        await asyncio.sleep(_READY_RETRY_SECONDS)
+                        continue
+                    writer.close()
+                    return
+        except TimeoutError as exc:
+            raise AgentUnavailable(f"agent on port {port} is not listening yet") from exc
 
     async def _turn(
         self, scope: Scope, proto: HTTPProtocol, conversation: ConversationId, body: bytes, capability: str | None

@@ -25,6 +25,8 @@ LAUNCHER_CONTAINER = "sessionmem-launcher"
 LAUNCHER_COMMAND = ["python", "-m", "sessionmem_launcher"]
 TOKEN_VOLUME = "sessionmem-token"
 SERVE_PORT_NAME = "http1"  # Knative reads the port name to pick the protocol (http1 | h2c)
+# The launcher listens within about half a second of its start; a probe before that is refused.
+READY_INITIAL_DELAY_SECONDS = 1
 
 
 class MemoryReason(StrEnum):
@@ -284,9 +286,14 @@ def launcher_container(agent: AgentSpec, resolution: MemoryResolution, config: O
         "command": list(LAUNCHER_COMMAND),
         "ports": [{"name": SERVE_PORT_NAME, "containerPort": env.DEFAULT_SERVE_PORT, "protocol": "TCP"}],
         "env": launcher_env(agent, resolution, config),
-        # Ready once the agent behind the launcher listens: a new or cold pod takes no turn before that.
+        # Ready once the agent behind the launcher listens: a new or cold pod takes no turn before that. The
+        # answer waits for the agent (api.AGENT_READY_WAIT_SECONDS), so the probe succeeds as it comes up
+        # instead of failing (a Warning Event each) until the next period; the first probe comes a second
+        # after the start, once the launcher listens.
         "readinessProbe": {
             "httpGet": {"path": api.AGENT_READY_PATH, "port": env.DEFAULT_SERVE_PORT},
+            "initialDelaySeconds": READY_INITIAL_DELAY_SECONDS,
+            "timeoutSeconds": int(api.AGENT_READY_WAIT_SECONDS) + 1,
             "periodSeconds": 2,
             "failureThreshold": 1,
         },

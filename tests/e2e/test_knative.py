@@ -23,6 +23,7 @@ from tests.e2e.agents import (
     SERVING,
     agent_pods,
     deploy_agent,
+    probe_warnings,
     turn,
 )
 from tests.e2e.conftest import E2ECluster, OtlpReceiver, Release
@@ -160,6 +161,8 @@ def test_the_autoscaler_scales_to_zero_and_a_cold_pod_behind_the_activator_recal
     assert int(first_read["attributes"]["memory.entries"]) == 2, first_read  # turn 1's user and assistant
     (cold,) = agent_pods(e2e_cluster, namespace)
     assert cold["metadata"]["uid"] != warm["metadata"]["uid"]
+    # Scale-to-zero starts pods all day: no start may leave a failed readiness probe (a Warning) behind.
+    assert probe_warnings(e2e_cluster, namespace) == []
     created = _time(cold["metadata"]["creationTimestamp"])
     assert created >= sent_at.replace(microsecond=0), "the pod that answered was not started by the turn"
     (launcher,) = [s for s in cold["status"]["containerStatuses"] if s["name"] == LAUNCHER_CONTAINER]

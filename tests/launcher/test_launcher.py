@@ -194,8 +194,8 @@ async def test_the_serving_port_is_ready_only_while_the_agent_listens(
     await instance.start()
     try:
         ready_url = f"http://127.0.0.1:{instance.serve_port}{api.AGENT_READY_PATH}"
-        async with httpx.AsyncClient() as client:
-            before = await client.get(ready_url)
+        async with httpx.AsyncClient(timeout=api.AGENT_READY_WAIT_SECONDS + 5) as client:
+            before = await client.get(ready_url)  # after waiting api.AGENT_READY_WAIT_SECONDS for it
             listener = await asyncio.start_server(lambda _r, w: w.close(), "127.0.0.1", agent_port)
             try:
                 after = await client.get(ready_url)
@@ -206,3 +206,29 @@ async def test_the_serving_port_is_ready_only_while_the_agent_listens(
         await instance.stop()
     assert before.status_code == 502 and before.json()["error"]["type"] == "agent_unavailable"
     assert after.status_code == 200
+
+
+async def test_readiness_waits_for_an_agent_that_is_starting_instead_of_failing(
+    proxy_process: ServiceProcess, dev_token_file: Path
+) -> None:
+    """A probe sent while the agent starts succeeds once it listens: no failed probe (a Warning Event on
+    every pod start) for an agent that comes up within api.AGENT_READY_WAIT_SECONDS."""
+    agent_port = free_port()
+    settings = launcher_settings(proxy_process.base_url, dev_token_file, **{env.AGENT_PORT: str(agent_port)})
+    instance = Launcher(settings, serve_host="127.0.0.1", serve=serve_in_background)
+    await instance.start()
+    try:
+        ready_url = f"http://127.0.0.1:{instance.serve_port}{api.AGENT_READY_PATH}"
+        async with httpx.AsyncClient(timeout=api.AGENT_READY_WAIT_SECONDS + 5) as client:
+            probe = asyncio.create_task(client.get(ready_url))
+            await asyncio.sleep(1.0)  # the agent is still starting
+            assert not probe.done()
+            listener = await asyncio.start_server(lambda _r, w: w.close(), "127.0.0.1", agent_port)
+            try:
+                answer = await probe
+            finally:
+                listener.close()
+                await listener.wait_closed()
+    finally:
+        await instance.stop()
+    assert answer.status_code == 200
