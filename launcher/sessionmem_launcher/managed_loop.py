@@ -91,6 +91,8 @@ class ManagedLoop:
         self.compactor = compactor or Compactor(settings, forwarder, summarizer_from_settings(settings))
         self._agent = HttpClient(f"http://127.0.0.1:{settings.agent_port}", timeout=settings.agent_timeout_seconds)
         self._replay_query = ((api.LIMIT_PARAM, str(settings.replay_messages)), ("summary", "true"))
+        # The one wait for the agent's port that readiness probes share (None: none under way).
+        self._agent_wait: asyncio.Future[bool] | None = None
 
     async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
         await self._limits.serve(scope, proto, self._serve)
@@ -114,20 +116,26 @@ class ManagedLoop:
 
     async def _agent_listening(self) -> None:
         """Returns once the agent accepts a connection on its port, waiting up to
-        ``api.AGENT_READY_WAIT_SECONDS`` for it; ``agent_unavailable`` (502) after that."""
-        port = self._settings.agent_port
+        ``api.AGENT_READY_WAIT_SECONDS`` for it; ``agent_unavailable`` (502) after that. Concurrent probes
+        (the kubelet's, queue-proxy's, the activator's) share one wait."""
+        if self._agent_wait is None or self._agent_wait.done():
+            self._agent_wait = asyncio.ensure_future(self._wait_for_agent())
+        if not await asyncio.shield(self._agent_wait):
+            raise AgentUnavailable(f"agent on port {self._settings.agent_port} is not listening yet")
+
+    async def _wait_for_agent(self) -> bool:
         try:
             async with asyncio.timeout(api.AGENT_READY_WAIT_SECONDS):
                 while True:
                     try:
-                        _, writer = await asyncio.open_connection("127.0.0.1", port)
+                        _, writer = await asyncio.open_connection("127.0.0.1", self._settings.agent_port)
                     except OSError:
                         await asyncio.sleep(_READY_RETRY_SECONDS)
                         continue
                     writer.close()
-                    return
-        except TimeoutError as exc:
-            raise AgentUnavailable(f"agent on port {port} is not listening yet") from exc
+                    return True
+        except TimeoutError:
+            return False
 
     async def _turn(
         self, scope: Scope, proto: HTTPProtocol, conversation: ConversationId, body: bytes, capability: str | None

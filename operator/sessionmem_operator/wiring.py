@@ -25,8 +25,11 @@ LAUNCHER_CONTAINER = "sessionmem-launcher"
 LAUNCHER_COMMAND = ["python", "-m", "sessionmem_launcher"]
 TOKEN_VOLUME = "sessionmem-token"
 SERVE_PORT_NAME = "http1"  # Knative reads the port name to pick the protocol (http1 | h2c)
-# The launcher listens within about half a second of its start; a probe before that is refused.
-READY_INITIAL_DELAY_SECONDS = 1
+# The launcher listens about half a second after its start on an idle machine, over a second on a busy
+# node (seen: both probes at 1 s refused); a probe before that is refused, a Warning Event. No cost: the
+# probe at 0 s used to fail, so readiness came at the 2 s period anyway, and Knative's activator probes
+# the pod itself for a cold turn.
+READY_INITIAL_DELAY_SECONDS = 2
 
 
 class MemoryReason(StrEnum):
@@ -288,8 +291,8 @@ def launcher_container(agent: AgentSpec, resolution: MemoryResolution, config: O
         "env": launcher_env(agent, resolution, config),
         # Ready once the agent behind the launcher listens: a new or cold pod takes no turn before that. The
         # answer waits for the agent (api.AGENT_READY_WAIT_SECONDS), so the probe succeeds as it comes up
-        # instead of failing (a Warning Event each) until the next period; the first probe comes a second
-        # after the start, once the launcher listens.
+        # instead of failing (a Warning Event each) until the next period; the first probe comes once the
+        # launcher listens.
         "readinessProbe": {
             "httpGet": {"path": api.AGENT_READY_PATH, "port": env.DEFAULT_SERVE_PORT},
             "initialDelaySeconds": READY_INITIAL_DELAY_SECONDS,

@@ -62,6 +62,12 @@ def test_knatives_webhook_accepts_the_seed_and_the_agent_remembers_behind_queue_
 ) -> None:
     e2e_cluster.knative()
     endpoint = deploy_agent(e2e_cluster, namespace, execution_model=SERVING)
+    # MemoryReady follows the backend's health (the operator probes the proxy every 10 s): an earlier test
+    # may have just killed and restarted the proxy.
+    e2e_cluster.kubectl(
+        *("wait", "--for=condition=MemoryReady", f"agentdeployment/{SEED_AGENT}", "-n", namespace, "--timeout=60s"),
+        timeout=70,
+    )
 
     agent = _json(e2e_cluster, "get", f"agentdeployment/{SEED_AGENT}", "-n", namespace)
     assert _condition(agent, "Ready")["status"] == "True"
