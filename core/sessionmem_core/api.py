@@ -117,6 +117,13 @@ USER_CONVERSATIONS_PATH = f"{API_PREFIX}/users/me/conversations"
 # The launcher's serving port: ready only while the agent behind it accepts connections (the readiness
 # probe the operator renders), so no turn reaches a pod whose agent is not listening yet.
 AGENT_READY_PATH = "/readyz"
+# How long that readiness answer waits for the agent to start listening before it says 502: the probe
+# succeeds the moment the agent is up, and an agent that starts within it leaves no failed probe behind
+# (each one is a Warning Event, on every pod start). The operator's probe timeout is longer.
+AGENT_READY_WAIT_SECONDS = 5.0
+# The proxy's readiness: 200 while its memory backend (Valkey) answers, 503 with the cause otherwise. The
+# kubelet probes it, and the operator follows it into every agent's MemoryReady condition.
+PROXY_READY_PATH = "/readyz"
 # Administration: a person's act, authorised by Kubernetes RBAC on agentdeployments/memory.
 ADMIN_AGENT_MEMORY_PATH = f"{API_PREFIX}/admin/namespaces/{{namespace}}/agents/{{agent}}/memory"
 ADMIN_NAMESPACE_USER_MEMORY_PATH = f"{API_PREFIX}/admin/namespaces/{{namespace}}/users/{{user}}/memory"

@@ -99,7 +99,8 @@ OPERATOR_CONFIG_FILE = "SESSIONMEM_OPERATOR_CONFIG_FILE"  # optional YAML file; 
 # --- kubectl sessionmem (a person's workstation, or a pod running it) ---
 # The proxy's URL, when it is reachable directly (in-cluster, tests); unset: a port-forward to its Service.
 KUBECTL_PROXY_URL = "SESSIONMEM_KUBECTL_PROXY_URL"
-# Where the chart put the proxy's Service (its release namespace, and <release>-proxy), by default.
+# Where the chart puts the proxy's Service: its release namespace, named <release>-sessionmem-proxy, or
+# <release>-proxy when the release name contains sessionmem. The defaults fit a release named sessionmem.
 DEFAULT_KUBECTL_PROXY_NAMESPACE = "sessionmem"
 DEFAULT_KUBECTL_PROXY_SERVICE = "sessionmem-proxy"
 

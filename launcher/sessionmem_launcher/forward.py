@@ -14,6 +14,7 @@ the span. A call refused before it could be forwarded (its id, its body, its tur
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from sessionmem_core import api
 from sessionmem_core.env import PROXY_URL, ConfigError, LauncherSettings
 from sessionmem_core.errors import BackendUnavailable, InvalidRequest, SessionMemError, UserCapabilityRequired
 from sessionmem_core.ids import ConversationId
+from sessionmem_infra.backend_state import BackendState, cause_of
 from sessionmem_infra.http_client import HttpClient, HttpResponse
 from sessionmem_infra.telemetry import MemoryTracer, inject_traceparent
 
@@ -34,6 +36,7 @@ POD_PARAMS = frozenset({api.SCOPE_PARAM, api.CAP_PARAM, api.TTL_PARAM, api.REDAC
 # Operations that write, and so carry the write parameters (cap, TTL, redactors) besides the scope.
 _WRITES = frozenset({"append", "replace"})
 _SCOPE = api.SCOPE_HEADER.encode()
+_LOG = logging.getLogger("sessionmem.launcher")
 # How often an export starts over when the conversation changed between its pages.
 _EXPORT_ATTEMPTS = 3
 
@@ -122,6 +125,8 @@ class Forwarder:
         self._http = transport
         self.tracer = tracer
         self._token = _TokenFile(Path(settings.token_path))
+        # Memory's state as this pod sees it (the proxy, and the backend behind it), logged when it changes.
+        self.memory = BackendState(_LOG, "memory (the proxy)", settings.proxy_url or "")
         # The pod's own parameters never change: encoded once, not on every call.
         write = [
             (api.SCOPE_PARAM, settings.scope),
@@ -297,7 +302,15 @@ class Forwarder:
             # The transport bounds the call (SESSIONMEM_PROXY_CONNECT_TIMEOUT_SECONDS, ..._PROXY_TIMEOUT_SECONDS).
             response = await self._http.request(method, target, headers, body, idempotent)
         except (OSError, UnicodeError) as exc:  # HttpTimeout is an OSError too
-            raise BackendUnavailable(f"memory proxy unreachable: {type(exc).__name__}") from exc
+            unavailable = BackendUnavailable(f"memory proxy unreachable: {type(exc).__name__}")
+            unavailable.__cause__ = exc
+            self.memory.down(cause_of(unavailable))
+            raise unavailable from exc
+        if response.status == 503 and _error_type(response.body) == BackendUnavailable.error_type:
+            # The proxy answered, but its backend did not: the proxy's message says why.
+            self.memory.down(f"the proxy answered 503: {_error_message(response.body)}")
+        elif response.status < 500:
+            self.memory.up()
         return MemoryReply(
             response.status,
             response.body,
@@ -342,6 +355,13 @@ def _export_page(reply: MemoryReply, offset: int) -> dict[str, Any]:
     except (orjson.JSONDecodeError, KeyError, TypeError):
         pass
     raise BackendUnavailable("the memory proxy answered an export page that is not one")
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        return str(orjson.loads(body)["error"]["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return body[:200].decode("utf-8", "replace")
 
 
 def _error_type(body: bytes) -> str:

@@ -70,7 +70,8 @@ class AgentUnavailable(SessionMemError):
 
 
 READY = b'{"status":"ready"}'
-_READY_TIMEOUT_SECONDS = 1.0
+# How often the readiness answer tries the agent's port while it waits for it.
+_READY_RETRY_SECONDS = 0.05
 
 
 class ManagedLoop:
@@ -90,6 +91,8 @@ class ManagedLoop:
         self.compactor = compactor or Compactor(settings, forwarder, summarizer_from_settings(settings))
         self._agent = HttpClient(f"http://127.0.0.1:{settings.agent_port}", timeout=settings.agent_timeout_seconds)
         self._replay_query = ((api.LIMIT_PARAM, str(settings.replay_messages)), ("summary", "true"))
+        # The one wait for the agent's port that readiness probes share (None: none under way).
+        self._agent_wait: asyncio.Future[bool] | None = None
 
     async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
         await self._limits.serve(scope, proto, self._serve)
@@ -112,13 +115,27 @@ class ManagedLoop:
         await self._turn(scope, proto, parse_conversation_id(conversation_id), body, capability)
 
     async def _agent_listening(self) -> None:
-        """``agent_unavailable`` (502) until the agent accepts a connection on its port."""
+        """Returns once the agent accepts a connection on its port, waiting up to
+        ``api.AGENT_READY_WAIT_SECONDS`` for it; ``agent_unavailable`` (502) after that. Concurrent probes
+        (the kubelet's, queue-proxy's, the activator's) share one wait."""
+        if self._agent_wait is None or self._agent_wait.done():
+            self._agent_wait = asyncio.ensure_future(self._wait_for_agent())
+        if not await asyncio.shield(self._agent_wait):
+            raise AgentUnavailable(f"agent on port {self._settings.agent_port} is not listening yet")
+
+    async def _wait_for_agent(self) -> bool:
         try:
-            async with asyncio.timeout(_READY_TIMEOUT_SECONDS):
-                _, writer = await asyncio.open_connection("127.0.0.1", self._settings.agent_port)
-            writer.close()
-        except (OSError, TimeoutError) as exc:
-            raise AgentUnavailable(f"agent on port {self._settings.agent_port} is not listening yet") from exc
+            async with asyncio.timeout(api.AGENT_READY_WAIT_SECONDS):
+                while True:
+                    try:
+                        _, writer = await asyncio.open_connection("127.0.0.1", self._settings.agent_port)
+                    except OSError:
+                        await asyncio.sleep(_READY_RETRY_SECONDS)
+                        continue
+                    writer.close()
+                    return True
+        except TimeoutError:
+            return False
 
     async def _turn(
         self, scope: Scope, proto: HTTPProtocol, conversation: ConversationId, body: bytes, capability: str | None

@@ -15,6 +15,7 @@ YAML keys (all optional)::
     redactors: [employee-id]             # the proxy's custom redactors (its SESSIONMEM_REDACT_PATTERNS names)
     userCapabilities: false              # the proxy verifies users' run capabilities (perUser works)
     resyncSeconds: 60                    # every AgentDeployment is re-applied this often (drift repair)
+    memoryHealthSeconds: 10              # the proxy's /readyz is probed this often (MemoryReady); 0: never
     launcherLimits: {maxHeaderBytes: 8192, idleTimeoutSeconds: 15}   # unset keys: the launcher's defaults
     launcherOtlpEndpoint: http://collector.observability.svc:4318     # unset: the launchers export no spans
 """
@@ -49,6 +50,10 @@ LOG_FORMATS = ("json", "plain")
 # rarely enough that a thousand agents cost a few applies a second.
 DEFAULT_RESYNC_SECONDS = 60.0
 MIN_RESYNC_SECONDS = 1.0
+# How soon MemoryReady follows the memory backend going down or up (the proxy's /readyz, one GET per
+# operator per interval, whatever the number of agents).
+DEFAULT_MEMORY_HEALTH_SECONDS = 10.0
+MIN_MEMORY_HEALTH_SECONDS = 1.0
 # The CRD's rule for a redactor name (crds.REDACTOR_PATTERN), checked here so a typo fails at start-up.
 _REDACTOR_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 # The launcher's serving limits an operator may set for every agent pod: config key -> the env name the
@@ -76,6 +81,7 @@ _FILE_KEYS = {
     "redactors",
     "userCapabilities",
     "resyncSeconds",
+    "memoryHealthSeconds",
     "launcherLimits",
     "launcherOtlpEndpoint",
 }
@@ -96,6 +102,9 @@ class OperatorConfig:
     # Whether the proxy verifies users' run capabilities: without it every perUser call is refused.
     user_capabilities: bool = False
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
+    # 0: the proxy's health is not probed (e.g. no network path from the operator to a proxy elsewhere),
+    # and MemoryReady then says only whether the agent is wired.
+    memory_health_seconds: float = DEFAULT_MEMORY_HEALTH_SECONDS
     # (env name, value) pairs added to every launcher's env; empty: the launcher's own defaults.
     launcher_limits: tuple[tuple[str, str], ...] = ()
     # Where every launcher exports its memory.* spans (OTLP/HTTP); None: they export none.
@@ -130,6 +139,11 @@ class OperatorConfig:
                 raise ConfigError(f"redactor {name!r} is built into the proxy: it cannot be redefined")
         if not self.resync_seconds >= MIN_RESYNC_SECONDS:
             raise ConfigError(f"resyncSeconds={self.resync_seconds} must be at least {MIN_RESYNC_SECONDS}")
+        if self.memory_health_seconds != 0 and not self.memory_health_seconds >= MIN_MEMORY_HEALTH_SECONDS:
+            raise ConfigError(
+                f"memoryHealthSeconds={self.memory_health_seconds} must be 0 (off) or at least "
+                f"{MIN_MEMORY_HEALTH_SECONDS}"
+            )
 
     @property
     def known_redactors(self) -> frozenset[str]:
@@ -182,6 +196,8 @@ class OperatorConfig:
             kwargs["user_capabilities"] = _as_bool("userCapabilities", values["userCapabilities"])
         if values.get("resyncSeconds") not in (None, ""):
             kwargs["resync_seconds"] = _as_float("resyncSeconds", values["resyncSeconds"])
+        if values.get("memoryHealthSeconds") not in (None, ""):
+            kwargs["memory_health_seconds"] = _as_float("memoryHealthSeconds", values["memoryHealthSeconds"])
         if values.get("launcherLimits"):
             kwargs["launcher_limits"] = _as_limits(values["launcherLimits"])
         if values.get("launcherOtlpEndpoint"):

@@ -9,10 +9,12 @@ import asyncio
 import logging
 from typing import Any
 
+import aiohttp
 import kopf
 
 from sessionmem_core import kube
-from sessionmem_operator import kubeapi, reconcile, registry
+from sessionmem_operator import knative_watch, kubeapi, reconcile, registry
+from sessionmem_operator.backend import BackendWatch
 from sessionmem_operator.config import OperatorConfig
 from sessionmem_operator.kopf_settings import apply_settings
 from sessionmem_operator.kubeapi import KubeApi, own_namespace
@@ -95,11 +97,11 @@ async def _resync_forever(runtime: Runtime, index: Index, logger: Logger) -> Non
             logger.exception("resync round failed; the next one runs in %ss", runtime.config.resync_seconds)
 
 
-async def _stop_resync(resync: asyncio.Task[None]) -> None:
-    resync.cancel()
+async def _stop_task(task: asyncio.Task[None]) -> None:
+    task.cancel()
     # Whatever ended the task, this returns: kopf retries a cleanup that raises every few seconds, and the
     # operator would never stop.
-    await asyncio.gather(resync, return_exceptions=True)
+    await asyncio.gather(task, return_exceptions=True)
 
 
 @kopf.on.startup()
@@ -109,16 +111,38 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, logger: Logger, *
     runtime = Runtime(config=config, kube=await KubeApi.connect(), post_warning=_post_warning)
     memo["runtime"] = runtime
     # kopf hands startup handlers the (still filling) index too; it is the same live object later on.
-    memo["resync"] = asyncio.create_task(_resync_forever(runtime, _index(kwargs), logger))
+    index = _index(kwargs)
+    memo["resync"] = asyncio.create_task(_resync_forever(runtime, index, logger))
+
+    async def knative_changed(event_type: str | None, body: Any) -> None:
+        await reconcile.workload_changed(runtime, event_type, body, index, logger)
+
+    memo["knative"] = [
+        asyncio.create_task(knative_watch.watch_forever(runtime.kube, namespace, knative_changed, logger))
+        for namespace in (config.namespaces or (None,))
+    ]
+    if config.proxy_url and config.memory_health_seconds > 0:
+        # Probed once before the first reconcile, so no agent is reported ready on a backend known down.
+        session = aiohttp.ClientSession()
+        memo["health_session"] = session
+        runtime.backend = BackendWatch(config.proxy_url, config.memory_health_seconds)
+        await runtime.backend.check(session)
+        memo["health"] = asyncio.create_task(
+            runtime.backend.run(session, lambda: reconcile.resync_all(runtime, index, logger))
+        )
     mode = f"via proxy {config.proxy_url}" if config.proxy_url else "off (no proxy URL configured)"
     logger.info("sessionmem operator: launcher %s, memory %s", config.launcher_image, mode)
 
 
 @kopf.on.cleanup()
 async def stop(*, memo: Any, **_: Any) -> None:
-    resync = memo.get("resync")
-    if isinstance(resync, asyncio.Task):
-        await _stop_resync(resync)
+    tasks = [memo.get("resync"), memo.get("health"), *(memo.get("knative") or ())]
+    for task in tasks:
+        if isinstance(task, asyncio.Task):
+            await _stop_task(task)
+    session = memo.get("health_session")
+    if isinstance(session, aiohttp.ClientSession):
+        await session.close()
     runtime = memo.get("runtime")
     if isinstance(runtime, Runtime):
         await runtime.kube.close()
@@ -142,7 +166,7 @@ async def agent_deployment(
         raise _retry(exc, retry) from exc
 
 
-@kopf.on.event("serving.knative.dev", "v1", "services", labels=OWNED)
+# Knative Services are watched by knative_watch.py (they may be installed while the operator runs).
 @kopf.on.event("apps", "v1", "deployments", labels=OWNED)
 async def workload(*, type: str | None, body: kopf.Body, memo: Any, logger: Logger, **kwargs: Any) -> None:
     # Event handlers are not retried by kopf: the next status change of the workload brings a fresh try.

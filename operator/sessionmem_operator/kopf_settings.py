@@ -10,7 +10,6 @@ import kopf
 
 from sessionmem_core import kube
 from sessionmem_operator.config import OperatorConfig
-from sessionmem_operator.render import KNATIVE_API_VERSION
 
 # Watches that never hear back are re-opened: a silent stall must not freeze reconciliation.
 # An integer: the API server rejects "270.0" as timeoutSeconds.
@@ -45,9 +44,8 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_SECONDS
     settings.networking.request_timeout = REQUEST_TIMEOUT_SECONDS
     # Only the workloads the operator made are streamed, filtered by the API server rather than in Python.
+    # (Knative Services are watched by knative_watch.py, with the same selector.)
     selector = f"{kube.LABEL_MANAGED_BY}={kube.MANAGED_BY}"
-    knative_group, knative_version = KNATIVE_API_VERSION.split("/")
-    settings.watching.label_selectors[knative_group, knative_version, "services"] = selector
     settings.watching.label_selectors["apps", "v1", "deployments"] = selector
 
     # Errors in our handlers are retried with a short backoff (TemporaryError carries its own delay).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -241,6 +241,64 @@ class KubeApi:
             token = str((page.get("metadata") or {}).get("continue") or "")
             if not token:
                 return found
+
+    async def watch(
+        self, kind: Kind, namespace: str | None, label_selector: str, timeout_seconds: int
+    ) -> AsyncIterator[tuple[str | None, dict[str, Any]]]:
+        """Every object of `kind` matching the selector as (None, object), then each change as (type, object)
+        until the server ends the watch (after about `timeout_seconds`); the caller starts it again. A kind
+        that is not served raises KubeError 404; a watch the server can no longer continue, KubeError 410."""
+        path = kind.collection_path(namespace)
+        selector = [("labelSelector", label_selector)]
+        version = ""
+        token = ""
+        while True:  # the listing, paged
+            query = [*selector, ("limit", "500")] + ([("continue", token)] if token else [])
+            page = await self._call("GET", path, query=query)
+            for item in page.get("items") or ():
+                # Items of a list may omit their kind: the handlers read it.
+                yield None, {"apiVersion": kind.api_version, "kind": kind.kind, **item}
+            meta = page.get("metadata") or {}
+            version = str(meta.get("resourceVersion") or version)
+            token = str(meta.get("continue") or "")
+            if not token:
+                break
+        query = [
+            *selector,
+            ("watch", "true"),
+            ("resourceVersion", version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+        try:
+            response = await self._client.call_api(
+                path,
+                "GET",
+                query_params=query,
+                header_params={"Accept": _JSON},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _preload_content=False,
+                _request_timeout=timeout_seconds + REQUEST_TIMEOUT_SECONDS,
+            )
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise KubeError("WATCH", path, 0, f"{type(exc).__name__}: {exc}") from exc
+        try:
+            if response.status != 200:
+                raise KubeError("WATCH", path, response.status, (await response.read()).decode(errors="replace"))
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                event_type, body = str(event.get("type")), event.get("object") or {}
+                if event_type == "ERROR":
+                    raise KubeError("WATCH", path, int(body.get("code") or 0), json.dumps(body))
+                if event_type != "BOOKMARK":
+                    yield event_type, body
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+            raise KubeError("WATCH", path, 0, f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            response.release()
 
     async def apply(self, manifest: Mapping[str, Any], *, uid: str | None) -> dict[str, Any]:
         """Write a child the operator may write (ownership.py decided), pinned to the object it judged ours:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sessionmem_operator import kubeapi, registry
+from sessionmem_operator.backend import UNKNOWN, BackendHealth, BackendWatch
 from sessionmem_operator.config import OperatorConfig
 from sessionmem_operator.kubeapi import KubeApi, kind_of
 from sessionmem_operator.ownership import (
@@ -65,9 +66,15 @@ class Runtime:
     config: OperatorConfig
     kube: KubeApi
     post_warning: WarningPoster
+    # The proxy's health, followed into MemoryReady; None: not watched (no proxy, or memoryHealthSeconds 0).
+    backend: BackendWatch | None = None
     _locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = field(
         default_factory=weakref.WeakValueDictionary
     )
+
+    @property
+    def backend_health(self) -> BackendHealth:
+        return self.backend.current if self.backend is not None else UNKNOWN
 
     def lock_for(self, namespace: str, name: str) -> asyncio.Lock:
         # Weak values: a lock lives only while someone holds or waits for it, so the map does not grow
@@ -256,6 +263,7 @@ async def _reconcile_locked(
                 workload_ref=rendered.workload,
                 state=failed,
                 now=now_rfc3339(),
+                backend=runtime.backend_health,
             )
             old_ready = condition_of(previous, READY) or {}
             knative_missing = failed.ready.reason == KNATIVE_MISSING
@@ -280,6 +288,7 @@ async def _reconcile_locked(
         workload_ref=rendered.workload,
         state=state,
         now=now_rfc3339(),
+        backend=runtime.backend_health,
     )
     _post_warning_on_transition(runtime, body, previous, resolution)
     if await _write_status(runtime, namespace, name, previous, desired):
@@ -308,6 +317,9 @@ async def workload_changed(
         return
     name, uid = owner
     recreate = False
+    # MemoryReady depends on whether the workload failed: a change into or out of Ready False takes a
+    # whole reconcile (which computes both conditions), any other change only mirrors Ready.
+    rewire = False
     async with runtime.lock_for(namespace, name):
         try:
             parent = await runtime.kube.get(kubeapi.AGENT_DEPLOYMENT, namespace, name)
@@ -325,10 +337,13 @@ async def workload_changed(
                 desired = workload_status(previous, state=state, now=now_rfc3339())
                 if await _write_status(runtime, namespace, name, previous, desired):
                     logger.debug("AgentDeployment %s/%s: Ready %s", namespace, name, state.ready.status)
+                failed_before = (condition_of(previous, READY) or {}).get("status") == "False"
+                rewire = failed_before != (state.ready.status == "False")
         except kubeapi.KubeError as exc:
             raise _as_reconcile_error(exc, f"mirroring the workload status of {namespace}/{name}") from exc
     if recreate:
         logger.info("the workload of AgentDeployment %s/%s was deleted: re-creating it", namespace, name)
+    if recreate or rewire:
         await reconcile_agent(runtime, namespace, name, index, logger)
 
 

@@ -6,9 +6,12 @@ happens.
   Available condition, and only once the workload has observed its latest generation (a stale Ready=True
   from the previous revision must not survive a change).
 - ``MemoryReady`` is True when a memory call from the agent can succeed, else False with the reason and
-  the fix (``Disabled``, ``NotARegistryMember``, ``AmbiguousRegistry``, ``NoProxyConfigured``,
-  ``UnknownRedactor``, ``UserCapabilityKeyMissing``, ``KnativeServingNotInstalled``, ``NameConflict``).
-  True may carry a warning reason (``BackendAddrIgnored``).
+  the fix. First the wiring (``Disabled``, ``NotARegistryMember``, ``AmbiguousRegistry``,
+  ``NoProxyConfigured``, ``UnknownRedactor``, ``UserCapabilityKeyMissing``, ``KnativeServingNotInstalled``,
+  ``NameConflict``), then health: the agent's pods failing (``AgentNotRunning``: the launcher that serves
+  memory runs in them, e.g. it exits on a tokenCounter it cannot import), then the proxy's readiness
+  (``MemoryBackendUnavailable``, ``ProxyUnreachable``; backend.py). True may carry a warning reason
+  (``BackendAddrIgnored``).
 - Both are False with ``NameConflict`` when a child's name is held by an object the AgentDeployment does
   not control (ownership.py): nothing is applied then.
 """
@@ -20,8 +23,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from sessionmem_operator.backend import UNKNOWN, BackendHealth
 from sessionmem_operator.render import DEPLOYMENT_KIND, KNATIVE_SERVICE_KIND, SERVICE_PORT, ObjectRef
-from sessionmem_operator.wiring import MemoryResolution
+from sessionmem_operator.wiring import MemoryReason, MemoryResolution
 
 READY = "Ready"
 MEMORY_READY = "MemoryReady"
@@ -50,8 +54,23 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def memory_condition(resolution: MemoryResolution) -> Condition:
-    return Condition(MEMORY_READY, "True" if resolution.ready else "False", resolution.reason.value, resolution.message)
+def memory_condition(
+    resolution: MemoryResolution, ready: Condition | None = None, backend: BackendHealth = UNKNOWN
+) -> Condition:
+    """MemoryReady from the wiring, the workload's Ready and the backend's health, in that order: the
+    first that fails names the reason. A workload still deploying (Ready Unknown) or scaled to zero
+    (Knative: Ready True) does not hold memory back; one that failed (Ready False) does."""
+    if not resolution.ready:
+        return Condition(MEMORY_READY, "False", resolution.reason.value, resolution.message)
+    if ready is not None and ready.status == "False":
+        message = (
+            "memory is served by the launcher in the agent's pods, and they are not running "
+            f"(Ready: {ready.reason}: {ready.message}); see `kubectl logs` of the sessionmem-launcher container"
+        )
+        return Condition(MEMORY_READY, "False", MemoryReason.AGENT_NOT_RUNNING.value, message)
+    if backend.ok is False and backend.reason is not None:
+        return Condition(MEMORY_READY, "False", backend.reason.value, backend.message)
+    return Condition(MEMORY_READY, "True", resolution.reason.value, resolution.message)
 
 
 def _generation_seen(workload: Mapping[str, Any]) -> bool:
@@ -159,12 +178,12 @@ def reconciled_status(
     workload_ref: ObjectRef | None,
     state: WorkloadState,
     now: str,
+    backend: BackendHealth = UNKNOWN,
 ) -> dict[str, Any]:
     """The whole status after a reconcile (`workload_ref` None: no workload is the agent's yet). Fields set
     to None are removed (merge-patch semantics)."""
-    conditions = merge_conditions(
-        previous.get("conditions") or [], [state.ready, memory_condition(resolution)], generation, now
-    )
+    memory = memory_condition(resolution, state.ready, backend)
+    conditions = merge_conditions(previous.get("conditions") or [], [state.ready, memory], generation, now)
     return {
         "observedGeneration": generation,
         "conditions": conditions,

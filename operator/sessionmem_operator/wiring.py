@@ -25,6 +25,11 @@ LAUNCHER_CONTAINER = "sessionmem-launcher"
 LAUNCHER_COMMAND = ["python", "-m", "sessionmem_launcher"]
 TOKEN_VOLUME = "sessionmem-token"
 SERVE_PORT_NAME = "http1"  # Knative reads the port name to pick the protocol (http1 | h2c)
+# The launcher listens about half a second after its start on an idle machine, over a second on a busy
+# node (seen: both probes at 1 s refused); a probe before that is refused, a Warning Event. No cost: the
+# probe at 0 s used to fail, so readiness came at the 2 s period anyway, and Knative's activator probes
+# the pod itself for a cold turn.
+READY_INITIAL_DELAY_SECONDS = 2
 
 
 class MemoryReason(StrEnum):
@@ -38,6 +43,10 @@ class MemoryReason(StrEnum):
     BACKEND_ADDR_IGNORED = "BackendAddrIgnored"
     KNATIVE_SERVING_NOT_INSTALLED = "KnativeServingNotInstalled"
     NAME_CONFLICT = "NameConflict"
+    # Health, after the wiring (status.memory_condition): the backend or the agent's own pods are down.
+    MEMORY_BACKEND_UNAVAILABLE = "MemoryBackendUnavailable"
+    PROXY_UNREACHABLE = "ProxyUnreachable"
+    AGENT_NOT_RUNNING = "AgentNotRunning"
 
 
 # Chart values that fix each finding, named in its message so the reader knows what to change.
@@ -165,8 +174,8 @@ def resolve_memory(agent: AgentSpec, registries: Sequence[str], config: Operator
     if config.proxy_url is None:
         message = (
             "no state-layer proxy URL is configured, and the launcher reaches memory only through the proxy: "
-            f"the agent runs without memory. Leave the chart value {PROXY_URL_VALUE} unset (this release's "
-            "proxy) or set it to the proxy's URL"
+            f'the agent runs without memory. Set the chart value {PROXY_URL_VALUE} to "" (this release\'s '
+            "proxy, the default) or to the proxy's URL"
         )
         reason = MemoryReason.NO_PROXY_CONFIGURED
         return MemoryResolution(reason, message, findings=(Finding(reason, message, True),))
@@ -280,9 +289,14 @@ def launcher_container(agent: AgentSpec, resolution: MemoryResolution, config: O
         "command": list(LAUNCHER_COMMAND),
         "ports": [{"name": SERVE_PORT_NAME, "containerPort": env.DEFAULT_SERVE_PORT, "protocol": "TCP"}],
         "env": launcher_env(agent, resolution, config),
-        # Ready once the agent behind the launcher listens: a new or cold pod takes no turn before that.
+        # Ready once the agent behind the launcher listens: a new or cold pod takes no turn before that. The
+        # answer waits for the agent (api.AGENT_READY_WAIT_SECONDS), so the probe succeeds as it comes up
+        # instead of failing (a Warning Event each) until the next period; the first probe comes once the
+        # launcher listens.
         "readinessProbe": {
             "httpGet": {"path": api.AGENT_READY_PATH, "port": env.DEFAULT_SERVE_PORT},
+            "initialDelaySeconds": READY_INITIAL_DELAY_SECONDS,
+            "timeoutSeconds": int(api.AGENT_READY_WAIT_SECONDS) + 1,
             "periodSeconds": 2,
             "failureThreshold": 1,
         },

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 
 from sessionmem_core.env import ProxySettings
-from sessionmem_core.errors import SessionMemError
+from sessionmem_core.errors import BackendUnavailable, SessionMemError
 from sessionmem_core.ids import ConversationId, parse_conversation_id
 from sessionmem_core.keys import Scope
+from sessionmem_infra.backend_state import BackendState, cause_of
 from sessionmem_infra.telemetry import MemorySpan, MemoryTracer
 from sessionmem_proxy.identity import AgentIdentity, Authenticator, bearer_token
 from sessionmem_proxy.keying import KeyResolver
@@ -35,6 +37,14 @@ class ProxyContext:
     # The proxy's OpenAPI document (generated from the route table, on first use).
     openapi: Callable[[], bytes]
     admin: AdminAuthorizer | None = None
+    # Valkey's state, logged when it changes (down with the cause, up), from readiness and every operation.
+    backend: BackendState = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.backend = BackendState(_LOG, "memory backend (Valkey)", self.settings.valkey_url)
+
+
+_LOG = logging.getLogger("sessionmem.proxy")
 
 
 # The key, among a request's parsed parameters, of the identity the app verified before reading the body
@@ -114,11 +124,23 @@ class conversation_operation:  # noqa: N801 - used like the function-style conte
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         outcome = "internal" if exc is not None else "ok"
-        if isinstance(exc, SessionMemError):
+        if exc is None:
+            self._ctx.backend.up()
+        elif isinstance(exc, SessionMemError):
             outcome = exc.error_type
+            observe_backend(self._ctx, exc)
         try:
             if self._span_cm is not None:
                 self._span_cm.__exit__(exc_type, exc, tb)
         finally:
             self._span_cm = None
             self._ctx.metrics.observe(self._op, outcome, (time.perf_counter() - self._started) * 1000.0)
+
+
+def observe_backend(ctx: ProxyContext, exc: BaseException | None) -> None:
+    """Record what a call to Valkey says about its state: a BackendUnavailable is down (with its cause),
+    no error is up; any other error says nothing about the backend."""
+    if exc is None:
+        ctx.backend.up()
+    elif isinstance(exc, BackendUnavailable):
+        ctx.backend.down(cause_of(exc))

@@ -16,9 +16,9 @@ from typing import Any, Generic
 from pydantic import BaseModel
 
 from sessionmem_core import api, wire
-from sessionmem_core.errors import MethodNotAllowed, NotFound
+from sessionmem_core.errors import BackendUnavailable, MethodNotAllowed, NotFound
 from sessionmem_proxy import admin, hot, lifecycle, params, rbac
-from sessionmem_proxy.context import ProxyContext
+from sessionmem_proxy.context import ProxyContext, observe_backend
 from sessionmem_proxy.params import P, Param
 from sessionmem_proxy.replies import Reply, json_reply, text_reply
 from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
@@ -73,7 +73,12 @@ async def _healthz(_ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None
 
 
 async def _readyz(ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None) -> Reply:
-    await ctx.store.ping()
+    try:
+        await ctx.store.ping()
+    except BackendUnavailable as exc:
+        observe_backend(ctx, exc)
+        raise
+    observe_backend(ctx, None)
     return json_reply(b'{"status":"ready"}')
 
 
@@ -134,7 +139,7 @@ ROUTES = (  # no annotation: each route is checked against its own handler
     Route(
         "readyz",
         "GET",
-        "/readyz",
+        api.PROXY_READY_PATH,
         params.NoParams,
         _readyz,
         wire.Health,

@@ -126,6 +126,30 @@ def test_every_chart_object_is_accepted(kube_cluster: KubeTestCluster, kube_name
         assert release.secret_value(f"{release.valkey}-auth", "password") == before
 
 
+def _operator_proxy_url(release: Release) -> str | None:
+    deployment = release.cluster.rest.get("apps/v1", "Deployment", release.operator, release.namespace)
+    assert deployment is not None
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value") for e in container["env"]}.get(env.OPERATOR_PROXY_URL)
+
+
+@pytest.mark.parametrize("reuse", [False, True], ids=["values-given", "reuse-values"])
+def test_one_upgrade_turns_memory_off_and_one_turns_it_back_on(
+    kube_cluster: KubeTestCluster, kube_namespace: str, reuse: bool
+) -> None:
+    """operator.proxyUrl none -> "" (this release's proxy) in one helm upgrade, also with --reuse-values
+    (where Helm kept a --set key=null for one upgrade too long, when null was the default)."""
+    with installed(kube_cluster, kube_namespace) as release:
+        own = f"http://{release.proxy}.{kube_namespace}.svc.cluster.local:8000"
+        assert _operator_proxy_url(release) == own
+        reused = ("--reuse-values",) if reuse else ()
+        upgrade = ("upgrade", release.name, str(CHART), *release.kubeconfig, "--skip-crds", *reused)
+        run_helm(*upgrade, "--set", "operator.proxyUrl=none")
+        assert not _operator_proxy_url(release), "no proxy: memory is off"
+        run_helm(*upgrade, "--set", "operator.proxyUrl=")
+        assert _operator_proxy_url(release) == own
+
+
 class Operator:
     """`python -m sessionmem_operator` as the chart's Deployment runs it."""
 

@@ -166,6 +166,13 @@ def test_the_plugin_and_its_docs_name_the_proxy_service_as_the_chart_does() -> N
     assert find(render(release="sessionmem"), "Service", env.DEFAULT_KUBECTL_PROXY_SERVICE)
     docs = (REPO / "docs" / "kubectl.md").read_text(encoding="utf-8")
     assert "`<release>-sessionmem-proxy`" in docs
+    # Nowhere is the short name given alone: it is the chart's name only for releases named like it.
+    sources = [REPO / "README.md", REPO / "operator" / "README.md", REPO / "core" / "sessionmem_core" / "env.py"]
+    sources += [*(REPO / "docs").glob("*.md"), *(REPO / "client" / "sessionmem_client" / "kubectl").glob("*.py")]
+    for source in sources:
+        text = source.read_text(encoding="utf-8")
+        for match in re.finditer(r"<release>-proxy", text):
+            assert "<release>-sessionmem-proxy" in text[max(0, match.start() - 120) : match.start()], source
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
@@ -265,6 +272,52 @@ def test_notes_show_the_first_agent_deployment() -> None:
     assert "kubectl apply -f support-agent.yaml" in notes
 
 
+def _notes(*args: str, release: str = RELEASE) -> str:
+    out = run_helm("install", release, str(CHART), "-n", NAMESPACE, "--dry-run=client", *args).stdout
+    return out.split("NOTES:", 1)[1]
+
+
+def _valkey_claim(docs: list[Doc]) -> str:
+    """The PersistentVolumeClaim the StatefulSet makes for its first pod: <template>-<statefulset>-0."""
+    (statefulset,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    return f"{statefulset['spec']['volumeClaimTemplates'][0]['metadata']['name']}-{statefulset['metadata']['name']}-0"
+
+
+def test_notes_say_what_valkey_needs_and_how_to_see_why_it_is_not_up() -> None:
+    docs = render()
+    statefulset = find(docs, "StatefulSet", names()["valkey"])
+    image = pod_spec(statefulset)["containers"][0]["image"]
+    claim = _valkey_claim(docs)
+    notes = _notes()
+    assert f"image {image}" in notes and "valkey.image.registry" in notes
+    assert "default StorageClass" in notes and "valkey.persistence.storageClass=<name>" in notes
+    assert f"describe pvc {claim}" in notes
+    assert f"describe pod {statefulset['metadata']['name']}-0" in notes
+    assert f"logs deployment/{names()['proxy']}" in notes
+    # What helm uninstall leaves behind, named as the cluster will show it.
+    assert f"helm uninstall {RELEASE} -n {NAMESPACE}" in notes and f"the volume {claim}" in notes
+
+    named = _notes("--set", "valkey.persistence.storageClass=fast-ssd")
+    assert 'from the StorageClass "fast-ssd"' in named and "default StorageClass" not in named
+    ephemeral = _notes("--set", "valkey.persistence.enabled=false")
+    assert "describe pvc" not in ephemeral and "the volume" not in ephemeral
+
+
+def test_install_doc_names_what_the_chart_makes_for_a_release_named_sessionmem() -> None:
+    """docs/install.md's commands (troubleshooting, uninstall) use the names the chart gives release
+    sessionmem in namespace sessionmem."""
+    text = (REPO / "docs" / "install.md").read_text(encoding="utf-8")
+    docs = render(release="sessionmem", namespace="sessionmem")
+    claim = _valkey_claim(docs)
+    proxy = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-proxy"))
+    valkey = next(d for d in docs if d["kind"] == "StatefulSet")
+    assert f"describe pvc {claim}" in text and f"delete pvc {claim}" in text
+    assert f"describe pod {valkey['metadata']['name']}-0" in text
+    assert f"logs deployment/{proxy['metadata']['name']}" in text
+    assert "## 7. Uninstalling" in text and "kubectl delete -f charts/sessionmem/crds/" in text
+    assert f"`{kube.agent_service_account('<agent>')}`" in text
+
+
 # ---- the values schema ---------------------------------------------------------------------------------
 
 
@@ -286,6 +339,7 @@ def test_notes_show_the_first_agent_deployment() -> None:
         ("proxy.limits.maxHeaderBytes=0", "/proxy/limits/maxHeaderBytes", "minimum"),
         ("proxy.quota.requestsPerSecond=0", "/proxy/quota/requestsPerSecond", "minimum"),
         ("operator.resyncSeconds=0", "/operator/resyncSeconds", "minimum"),
+        ("operator.proxyUrl=nothing", "/operator/proxyUrl", "does not match pattern"),
         ("operator.launcher.limits.maxUrlBytes=0", "/operator/launcher/limits/maxUrlBytes", "minimum"),
         ("operator.launcher.limits.maxUrls=5", "/operator/launcher/limits", "additional properties"),
     ],
@@ -528,13 +582,22 @@ def _operator_config(docs: list[Doc], tmp_path: Path) -> OperatorConfig:
     return OperatorConfig.load({**variables, env.OPERATOR_CONFIG_FILE: str(local)})
 
 
-def test_an_empty_proxy_url_means_none_and_unset_means_this_release(tmp_path: Path) -> None:
+def test_proxy_url_none_means_none_and_empty_or_null_means_this_release(tmp_path: Path) -> None:
     default = _operator_config(render(), tmp_path)
     assert default.proxy_url == f"http://{names()['proxy']}.{NAMESPACE}.svc.cluster.local:8000"
     assert _operator_config(render("--set", "operator.proxyUrl=http://memory.example:9000/"), tmp_path).proxy_url == (
         "http://memory.example:9000"
     )
-    assert _operator_config(render("--set", "operator.proxyUrl="), tmp_path).proxy_url is None
+    assert _operator_config(render("--set", "operator.proxyUrl=none"), tmp_path).proxy_url is None
+    for setting in ("operator.proxyUrl=", "operator.proxyUrl=null"):
+        assert _operator_config(render("--set", setting), tmp_path).proxy_url == default.proxy_url
+
+
+def test_the_operator_probes_the_proxys_health_as_configured(tmp_path: Path) -> None:
+    assert _operator_config(render(), tmp_path).memory_health_seconds == 10
+    assert _operator_config(render("--set", "operator.memoryHealthSeconds=0"), tmp_path).memory_health_seconds == 0
+    refused = run_helm("template", RELEASE, str(CHART), "--set", "operator.memoryHealthSeconds=0.5", check=False)
+    assert refused.returncode != 0 and "memoryHealthSeconds" in refused.stderr
 
 
 def test_custom_redactors_reach_the_proxy_and_the_operator(tmp_path: Path) -> None:
@@ -879,11 +942,30 @@ def test_network_policies() -> None:
     operator = find(docs, "NetworkPolicy", n["operator"])["spec"]
     assert _matches(operator["podSelector"], pod_labels["operator"])
     assert operator["ingress"] == []
-    assert [p["port"] for r in operator["egress"] for p in r["ports"]] == [443, 6443]
+    # The API server, DNS, and the proxy's port on the proxy's pods (its /readyz: MemoryReady follows it).
+    assert [p["port"] for r in operator["egress"] for p in r["ports"]] == [443, 6443, 53, 53, 8000]
+    (to_proxy,) = [r for r in operator["egress"] if r.get("to") and "podSelector" in r["to"][0]]
+    assert _matches(to_proxy["to"][0]["podSelector"], pod_labels["proxy"])
+    assert any(_matches(p["podSelector"], pod_labels["operator"]) for p in peers if "namespaceSelector" not in p)
 
     pinned = render("--set", "networkPolicy.apiServer.cidrs={10.0.0.1/32}")
     operator = find(pinned, "NetworkPolicy", n["operator"])["spec"]
     assert operator["egress"][0]["to"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
+
+    # No probing, or a proxy elsewhere: the operator reaches the API server only (plus what is added).
+    for settings in (
+        ("operator.memoryHealthSeconds=0",),
+        ("operator.proxyUrl=http://memory.example:9000",),
+        ("operator.proxyUrl=none",),
+    ):
+        docs = render(*(arg for setting in settings for arg in ("--set", setting)))
+        operator = find(docs, "NetworkPolicy", n["operator"])["spec"]
+        assert [p["port"] for r in operator["egress"] for p in r["ports"]] == [443, 6443], settings
+    extra = render("--set-json", 'networkPolicy.operatorExtraEgress=[{"ports":[{"protocol":"TCP","port":9000}]}]')
+    operator = find(extra, "NetworkPolicy", n["operator"])["spec"]
+    assert operator["egress"][-1] == {"ports": [{"protocol": "TCP", "port": 9000}]}
+    peers = find(render("--set", "operator.memoryHealthSeconds=0"), "NetworkPolicy", n["proxy"])["spec"]["ingress"][0]
+    assert not any(_matches(p["podSelector"], pod_labels["operator"]) for p in peers["from"])
 
 
 # ---- Valkey: AOF and the ACL, on a real valkey-server --------------------------------------------------

@@ -178,3 +178,15 @@ def turn(
             time.sleep(0.5)
     assert response.status_code == 200, response.text
     return Turn(str(response.json()["output"]), response.headers.get(api.MEMORY_STATUS_HEADER))
+
+
+def probe_warnings(cluster: E2ECluster, namespace: str, pod: str | None = None) -> list[str]:
+    """The Warning Events of failed probes (reason Unhealthy) on the namespace's pods (or on `pod`): a pod
+    start should leave none (the launcher's readiness waits for its agent rather than failing)."""
+    selector = "type=Warning,reason=Unhealthy" + (f",involvedObject.name={pod}" if pod else "")
+    listing = cluster.kubectl("get", "events", "-n", namespace, "--field-selector", selector, "-o", "json")
+    return [
+        f"{e['involvedObject']['name']} ({e['involvedObject'].get('fieldPath')}, {e.get('lastTimestamp')}): "
+        f"{e['message']}"
+        for e in json.loads(listing)["items"]
+    ]

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.e2e.agents import AGENT_READY_SECONDS, agent_pods, deploy_agent, turn
+from tests.e2e.agents import AGENT_READY_SECONDS, agent_pods, deploy_agent, probe_warnings, turn
 from tests.e2e.conftest import E2ECluster, Release
 
 pytestmark = pytest.mark.e2e
@@ -51,3 +51,5 @@ def test_a_cold_pod_after_scale_to_zero_recalls_the_conversation(
 
     assert cold_pod["metadata"]["uid"] != warm_pod["metadata"]["uid"]
     assert turn(service_url, "e2e-cold", "What is my name?").output == "Your name is Grace."
+    # Neither start left a failed readiness probe behind (issue #37: 1-2 Warning Events per pod start).
+    assert probe_warnings(e2e_cluster, namespace) == []

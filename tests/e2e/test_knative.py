@@ -23,6 +23,7 @@ from tests.e2e.agents import (
     SERVING,
     agent_pods,
     deploy_agent,
+    probe_warnings,
     turn,
 )
 from tests.e2e.conftest import E2ECluster, OtlpReceiver, Release
@@ -61,6 +62,12 @@ def test_knatives_webhook_accepts_the_seed_and_the_agent_remembers_behind_queue_
 ) -> None:
     e2e_cluster.knative()
     endpoint = deploy_agent(e2e_cluster, namespace, execution_model=SERVING)
+    # MemoryReady follows the backend's health (the operator probes the proxy every 10 s): an earlier test
+    # may have just killed and restarted the proxy.
+    e2e_cluster.kubectl(
+        *("wait", "--for=condition=MemoryReady", f"agentdeployment/{SEED_AGENT}", "-n", namespace, "--timeout=60s"),
+        timeout=70,
+    )
 
     agent = _json(e2e_cluster, "get", f"agentdeployment/{SEED_AGENT}", "-n", namespace)
     assert _condition(agent, "Ready")["status"] == "True"
@@ -129,6 +136,9 @@ def test_the_autoscaler_scales_to_zero_and_a_cold_pod_behind_the_activator_recal
     endpoint = deploy_agent(e2e_cluster, namespace, execution_model=SERVING)
     assert turn(endpoint, "e2e-cold", "Hi, my name is Grace").memory == "ok"
     (warm,) = agent_pods(e2e_cluster, namespace)
+    # Its start left no failed readiness probe. (Its scale-down may: queue-proxy fails readiness on purpose
+    # while it drains, which is Knative's, not a start's.)
+    assert probe_warnings(e2e_cluster, namespace) == []
 
     # Nothing here scales anything: the autoscaler sees no traffic and takes the revision to zero.
     deadline = time.monotonic() + SCALE_TO_ZERO_SECONDS
@@ -160,6 +170,8 @@ def test_the_autoscaler_scales_to_zero_and_a_cold_pod_behind_the_activator_recal
     assert int(first_read["attributes"]["memory.entries"]) == 2, first_read  # turn 1's user and assistant
     (cold,) = agent_pods(e2e_cluster, namespace)
     assert cold["metadata"]["uid"] != warm["metadata"]["uid"]
+    # Scale-to-zero starts pods all day: no start may leave a failed readiness probe (a Warning) behind.
+    assert probe_warnings(e2e_cluster, namespace, cold["metadata"]["name"]) == []
     created = _time(cold["metadata"]["creationTimestamp"])
     assert created >= sent_at.replace(microsecond=0), "the pod that answered was not started by the turn"
     (launcher,) = [s for s in cold["status"]["containerStatuses"] if s["name"] == LAUNCHER_CONTAINER]

@@ -4,6 +4,7 @@ fail-open managed loop, and exactly one ``memory.*`` span per operation under th
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
@@ -102,8 +103,9 @@ async def test_managed_loop_replays_and_appends(launcher: Launcher, valkey_serve
 
 
 async def test_valkey_stopped_gives_typed_503_fast_and_the_loop_still_answers(
-    launcher: Launcher, valkey_server: ValkeyProcess
+    launcher: Launcher, valkey_server: ValkeyProcess, proxy_process: ServiceProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="sessionmem.launcher")
     headers = {"X-Conversation-Id": "outage"}
     async with httpx.AsyncClient(timeout=10) as client:
         await client.post(f"{serve_url(launcher)}/", json={"input": "my name is Grace"}, headers=headers)
@@ -127,6 +129,12 @@ async def test_valkey_stopped_gives_typed_503_fast_and_the_loop_still_answers(
         recalled = await client.post(f"{serve_url(launcher)}/", json={"input": "what is my name?"}, headers=headers)
     assert again.headers["x-sessionmem-memory"] == "ok"
     assert recalled.json()["output"] == "Your name is Linus."
+    # Three failed calls, one line: memory down, with the proxy's address and the backend's cause; one when back.
+    lines = [r.getMessage() for r in caplog.records if r.name == "sessionmem.launcher"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"memory (the proxy) at {proxy_process.base_url} is down: the proxy answered 503")
+    assert "memory backend unavailable" in lines[0]
+    assert lines[1] == f"memory (the proxy) at {proxy_process.base_url} is up again"
 
 
 async def test_proxy_unreachable_is_a_typed_503_within_the_bound(
@@ -186,8 +194,8 @@ async def test_the_serving_port_is_ready_only_while_the_agent_listens(
     await instance.start()
     try:
         ready_url = f"http://127.0.0.1:{instance.serve_port}{api.AGENT_READY_PATH}"
-        async with httpx.AsyncClient() as client:
-            before = await client.get(ready_url)
+        async with httpx.AsyncClient(timeout=api.AGENT_READY_WAIT_SECONDS + 5) as client:
+            before = await client.get(ready_url)  # after waiting api.AGENT_READY_WAIT_SECONDS for it
             listener = await asyncio.start_server(lambda _r, w: w.close(), "127.0.0.1", agent_port)
             try:
                 after = await client.get(ready_url)
@@ -198,3 +206,29 @@ async def test_the_serving_port_is_ready_only_while_the_agent_listens(
         await instance.stop()
     assert before.status_code == 502 and before.json()["error"]["type"] == "agent_unavailable"
     assert after.status_code == 200
+
+
+async def test_readiness_waits_for_an_agent_that_is_starting_instead_of_failing(
+    proxy_process: ServiceProcess, dev_token_file: Path
+) -> None:
+    """A probe sent while the agent starts succeeds once it listens: no failed probe (a Warning Event on
+    every pod start) for an agent that comes up within api.AGENT_READY_WAIT_SECONDS."""
+    agent_port = free_port()
+    settings = launcher_settings(proxy_process.base_url, dev_token_file, **{env.AGENT_PORT: str(agent_port)})
+    instance = Launcher(settings, serve_host="127.0.0.1", serve=serve_in_background)
+    await instance.start()
+    try:
+        ready_url = f"http://127.0.0.1:{instance.serve_port}{api.AGENT_READY_PATH}"
+        async with httpx.AsyncClient(timeout=api.AGENT_READY_WAIT_SECONDS + 5) as client:
+            probe = asyncio.create_task(client.get(ready_url))
+            await asyncio.sleep(1.0)  # the agent is still starting
+            assert not probe.done()
+            listener = await asyncio.start_server(lambda _r, w: w.close(), "127.0.0.1", agent_port)
+            try:
+                answer = await probe
+            finally:
+                listener.close()
+                await listener.wait_closed()
+    finally:
+        await instance.stop()
+    assert answer.status_code == 200

@@ -92,7 +92,7 @@ def test_without_a_proxy_url_memory_is_off_and_says_which_value_to_set(
     kube_cluster: KubeTestCluster, kube_namespace: str, tmp_path: Path
 ) -> None:
     ns = kube_namespace
-    # What the chart renders for operator.proxyUrl="": an empty variable.
+    # What the chart renders for operator.proxyUrl=none: an empty variable.
     with run_operator(kube_cluster, tmp_path, environ={env.OPERATOR_PROXY_URL: ""}):
         kube_cluster.apply_manifests(seed_manifest(ns))
         memory = agent_condition(kube_cluster, ns, "MemoryReady", "False", "NoProxyConfigured")

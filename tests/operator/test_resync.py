@@ -80,5 +80,5 @@ async def test_cleanup_finishes_whatever_ended_the_resync_task() -> None:
 
     task = asyncio.create_task(died())
     await asyncio.gather(task, return_exceptions=True)
-    await handlers._stop_resync(task)
+    await handlers._stop_task(task)
     assert task.done()

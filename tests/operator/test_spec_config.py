@@ -154,12 +154,33 @@ def test_config_reads_what_the_proxy_accepts_and_the_resync_period(tmp_path: Pat
     assert config.resync_seconds == 2.5
     defaults = OperatorConfig.load({})
     assert defaults.redactors == () and defaults.user_capabilities is False and defaults.resync_seconds == 60.0
+    assert defaults.memory_health_seconds == 10.0
+
+
+def test_the_backend_health_period_may_be_off(tmp_path: Path) -> None:
+    path = tmp_path / "operator.yaml"
+    path.write_text("memoryHealthSeconds: 0\n")
+    assert OperatorConfig.load({env.OPERATOR_CONFIG_FILE: str(path)}).memory_health_seconds == 0
 
 
 @pytest.mark.parametrize(
     "text",
-    ["redactors: [email]\n", "redactors: [Bad_Name]\n", "userCapabilities: maybe\n", "resyncSeconds: 0\n"],
-    ids=["redefines-a-builtin", "bad-redactor-name", "not-a-boolean", "resync-too-short"],
+    [
+        "redactors: [email]\n",
+        "redactors: [Bad_Name]\n",
+        "userCapabilities: maybe\n",
+        "resyncSeconds: 0\n",
+        "memoryHealthSeconds: 0.5\n",
+        "memoryHealthSeconds: -1\n",
+    ],
+    ids=[
+        "redefines-a-builtin",
+        "bad-redactor-name",
+        "not-a-boolean",
+        "resync-too-short",
+        "health-too-often",
+        "health-negative",
+    ],
 )
 def test_bad_proxy_facts_fail_at_start(tmp_path: Path, text: str) -> None:
     path = tmp_path / "operator.yaml"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sessionmem_core.errors import BackendUnavailable
 from sessionmem_core.keys import Scope
+from sessionmem_operator.backend import UNKNOWN, judge
 from sessionmem_operator.render import ObjectRef
 from sessionmem_operator.status import (
     Condition,
@@ -12,6 +14,7 @@ from sessionmem_operator.status import (
     condition_of,
     deployment_state,
     knative_state,
+    memory_condition,
     merge_conditions,
     reconciled_status,
     status_patch,
@@ -127,3 +130,36 @@ def test_workload_status_touches_only_ready_url_and_revision() -> None:
     assert condition_of(desired, "MemoryReady") == condition_of(stored, "MemoryReady")
     ready_condition = condition_of(desired, "Ready")
     assert ready_condition is not None and ready_condition["status"] == "True"
+
+
+# ---- MemoryReady follows health (issue #37) -------------------------------------------------------------
+
+PROXY = "http://proxy.sessionmem.svc:8000"
+DEPLOYING = Condition("Ready", "Unknown", "Deploying", "rolling out")
+FAILED = Condition("Ready", "False", "RevisionFailed", "Container failed with: ModuleNotFoundError")
+
+
+def test_memory_is_ready_only_when_wired_running_and_the_backend_is_up() -> None:
+    up = judge(PROXY, 200, b'{"status":"ready"}')
+    assert up.ok is True
+    assert (memory_condition(WIRED, DEPLOYING, up).status, memory_condition(WIRED, DEPLOYING, UNKNOWN).status) == (
+        "True",
+        "True",
+    )
+
+    down = judge(PROXY, 503, BackendUnavailable("memory backend unavailable: TimeoutError").body())
+    condition = memory_condition(WIRED, DEPLOYING, down)
+    assert (condition.status, condition.reason) == ("False", "MemoryBackendUnavailable")
+    assert f"{PROXY}/readyz" in condition.message and "memory backend unavailable: TimeoutError" in condition.message
+
+    unreachable = judge(PROXY, None, b"", ConnectionRefusedError(111, "Connection refused"))
+    condition = memory_condition(WIRED, DEPLOYING, unreachable)
+    assert (condition.status, condition.reason) == ("False", "ProxyUnreachable")
+    assert "Connection refused" in condition.message
+
+    # Failed pods come before the backend; the wiring before both.
+    condition = memory_condition(WIRED, FAILED, down)
+    assert (condition.status, condition.reason) == ("False", "AgentNotRunning")
+    assert "ModuleNotFoundError" in condition.message
+    disabled = MemoryResolution(MemoryReason.DISABLED, "off")
+    assert memory_condition(disabled, FAILED, down).reason == "Disabled"

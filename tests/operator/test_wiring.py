@@ -126,4 +126,7 @@ def test_the_launcher_is_ready_only_when_its_agent_listens() -> None:
     container = launcher_container(spec, resolve_memory(spec, (), CONFIG), CONFIG)
     probe = container["readinessProbe"]["httpGet"]
     assert probe == {"path": api.AGENT_READY_PATH, "port": env.DEFAULT_SERVE_PORT}
+    # The launcher's answer waits for the agent: the probe must wait longer, or it fails all the same.
+    assert container["readinessProbe"]["timeoutSeconds"] > api.AGENT_READY_WAIT_SECONDS
+    assert container["readinessProbe"]["initialDelaySeconds"] >= 2
     assert container["ports"][0]["containerPort"] == env.DEFAULT_SERVE_PORT

@@ -199,9 +199,17 @@ async def test_valkey_down_is_a_typed_503_and_recovers(
         assert time.monotonic() - started < 2
         assert down.status_code == 503 and down.json()["error"]["type"] == "backend_unavailable"
         assert (await client.get("/readyz")).status_code == 503
+        assert (await client.get("/readyz")).status_code == 503
         valkey_server.start()
         back = await client.post("/v1/conversations/down/entries", json=exchange("b"))
+        assert (await client.get("/readyz")).status_code == 200
     assert back.status_code == 200
+    # The log says it once each way, with the address (never a password) and the cause.
+    log = proxy_process.log_path.read_text().splitlines()
+    downs = [line for line in log if "memory backend (Valkey) at" in line and "is down" in line]
+    ups = [line for line in log if "memory backend (Valkey) at" in line and "is up again" in line]
+    assert len(downs) == 1 and len(ups) == 1, log
+    assert f"valkey://{valkey_server.addr}" in downs[0] and "memory backend unavailable: ConnectionError" in downs[0]
 
 
 async def test_limits_that_protect_valkey_are_typed(proxy_process: ServiceProcess) -> None:

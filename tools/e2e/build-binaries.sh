@@ -14,6 +14,9 @@
 # NAME=path line per binary (KUBELET, KUBE_SCHEDULER, KUBE_PROXY, KUBECTL,
 # COREDNS, PAUSE, KUBE_ROUTER). Each binary is built under a temporary name and renamed into place.
 # Builds run under `nice -n 10` (E2E_NICE to change): the machine is shared.
+#
+# `build-binaries.sh kubectl` builds (once) and prints only KUBECTL=path: the integration tests drive the
+# kubectl plugin's own port-forward with it against tools/envtest's API server (same version).
 set -euo pipefail
 LOG_TAG=e2e-binaries
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -50,14 +53,21 @@ declare -A BINARIES=(
     [KUBE_ROUTER]="$kube_router_bin/kube-router"
 )
 
+WANTED=(KUBELET KUBE_SCHEDULER KUBE_PROXY KUBECTL COREDNS PAUSE KUBE_ROUTER)
+case "${1:-}" in
+    "") ;;
+    kubectl) WANTED=(KUBECTL) ;;
+    *) die "usage: build-binaries.sh [kubectl]" ;;
+esac
+
 complete() {
-    local b
-    for b in "${BINARIES[@]}"; do [[ -x "$b" ]] || return 1; done
+    local name
+    for name in "${WANTED[@]}"; do [[ -x "${BINARIES[$name]}" ]] || return 1; done
 }
 
 report() {
     local name
-    for name in KUBELET KUBE_SCHEDULER KUBE_PROXY KUBECTL COREDNS PAUSE KUBE_ROUTER; do
+    for name in "${WANTED[@]}"; do
         printf '%s=%s\n' "$name" "${BINARIES[$name]}"
     done
 }
@@ -98,6 +108,13 @@ for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     k8s_ldflags+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$k8s_minor"
     k8s_ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
 done
+
+if [[ "${WANTED[*]}" == KUBECTL ]]; then
+    build "$here/node" k8s.io/kubernetes/cmd/kubectl "$k8s_bin/kubectl" "$k8s_ldflags"
+    complete || die "build finished but kubectl is missing"
+    report
+    exit 0
+fi
 
 build "$here/pause" . "$pause_bin/pause" ""
 build "$here/node" k8s.io/kubernetes/cmd/kube-scheduler "$k8s_bin/kube-scheduler" "$k8s_ldflags"

@@ -120,12 +120,18 @@ the chart's RBAC binds whichever it is. Never the namespace's default account by
 {{- printf "%s.%s.svc.%s" (include "sessionmem.proxy.fullname" .) .Release.Namespace .Values.clusterDomain -}}
 {{- end -}}
 
-{{/* The proxy URL the operator hands to agent pods: unset (null) means this release's proxy Service; an
-explicit "" means none, and the operator then reports MemoryReady=False (NoProxyConfigured) on every agent. */}}
+{{/* The proxy URL the operator hands to agent pods: "" (the default; null too) means this release's proxy
+Service; "none" means none, and the operator then reports MemoryReady=False (NoProxyConfigured) on every
+agent. Not null for the default: Helm's --reuse-values keeps a --set key=null for one upgrade too long,
+so going back to the default took two runs. */}}
+{{- define "sessionmem.proxy.own" -}}
+{{- if not .Values.operator.proxyUrl -}}true{{- end -}}
+{{- end -}}
+
 {{- define "sessionmem.proxy.url" -}}
-{{- if kindIs "invalid" .Values.operator.proxyUrl -}}
+{{- if include "sessionmem.proxy.own" . -}}
 {{- printf "http://%s:%d" (include "sessionmem.proxy.host" .) (int .Values.proxy.port) -}}
-{{- else -}}
+{{- else if ne .Values.operator.proxyUrl "none" -}}
 {{- .Values.operator.proxyUrl | trimSuffix "/" -}}
 {{- end -}}
 {{- end -}}

@@ -176,6 +176,15 @@ def port_forward_command(
     return [*command, "port-forward", "--address", "127.0.0.1", "-n", namespace, f"service/{service}", f":{port}"]
 
 
+def _hint(problem: str) -> str:
+    if "forbidden" not in problem.lower():
+        return ""
+    return (
+        "\nThe port-forward needs, in the proxy's namespace, get on services, get/list/watch on pods and create "
+        "on pods/portforward: the Role memory-proxy-port-forward in docs/kubectl.md (or pass --proxy-url)"
+    )
+
+
 @contextlib.asynccontextmanager
 async def port_forward(command: Sequence[str]) -> AsyncIterator[str]:
     """Runs ``kubectl port-forward`` for as long as the block runs; yields the proxy's local URL."""
@@ -193,7 +202,9 @@ async def port_forward(command: Sequence[str]) -> AsyncIterator[str]:
                 line = await process.stdout.readline()
                 if not line:
                     problem = (await process.stderr.read()).decode(errors="replace").strip()
-                    raise PluginError(f"kubectl port-forward to the memory proxy failed: {problem[-500:]}")
+                    raise PluginError(
+                        f"kubectl port-forward to the memory proxy failed: {problem[-500:]}{_hint(problem)}"
+                    )
                 port = forwarded_port(line.decode(errors="replace"))
         yield f"http://127.0.0.1:{port}"
     except TimeoutError as exc:
