@@ -48,6 +48,11 @@ USER_CAPABILITY_HEADER = "x-sessionmem-user-capability"
 # agent sends back on its memory calls during that turn.
 TURN_HEADER = "x-sessionmem-turn"
 TRACEPARENT_HEADER = "traceparent"
+# An append's idempotency key: a retry with the same key on the same conversation is answered as its
+# original was, whatever the entries' ids.
+IDEMPOTENCY_KEY_HEADER = "idempotency-key"
+# A conditional write's expected version (a read's ``version``); '*' or absent: any.
+IF_MATCH_HEADER = "if-match"
 # Headers an agent might set to claim an identity; the launcher drops all of them before forwarding.
 IDENTITY_HEADERS = frozenset(
     {
@@ -220,6 +225,15 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "Append a batch (normally one user/assistant exchange) atomically",
         "AppendResponse",
         "AppendRequest",
+        params=(
+            Parameter(
+                IDEMPOTENCY_KEY_HEADER,
+                "header",
+                {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9._:-]+$"},
+                "A retry with the same key (inside the retry window) is answered as its original was: "
+                "duplicate, nothing stored, whatever the ids; entry ids may then repeat",
+            ),
+        ),
     ),
     MemoryOperation(
         "search",

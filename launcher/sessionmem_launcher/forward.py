@@ -34,6 +34,8 @@ POD_PARAMS = frozenset({api.SCOPE_PARAM, api.CAP_PARAM, api.TTL_PARAM, api.REDAC
 # Operations that write, and so carry the write parameters (cap, TTL, redactors) besides the scope.
 _WRITES = frozenset({"append", "replace"})
 _SCOPE = api.SCOPE_HEADER.encode()
+_IF_MATCH = api.IF_MATCH_HEADER.encode()
+_IDEMPOTENCY_KEY = api.IDEMPOTENCY_KEY_HEADER.encode()
 # How often an export starts over when the conversation changed between its pages.
 _EXPORT_ATTEMPTS = 3
 
@@ -48,6 +50,7 @@ class CallerHeaders:
     traceparent: str | None = None
     tracestate: str | None = None
     if_match: str | None = None
+    idempotency_key: str | None = None
 
     @classmethod
     def of(cls, get: _HeaderGetter, capability: str | None) -> CallerHeaders:
@@ -55,7 +58,8 @@ class CallerHeaders:
             capability=capability,
             traceparent=get(api.TRACEPARENT_HEADER),
             tracestate=get("tracestate"),
-            if_match=get("if-match"),
+            if_match=get(api.IF_MATCH_HEADER),
+            idempotency_key=get(api.IDEMPOTENCY_KEY_HEADER),
         )
 
 
@@ -292,7 +296,9 @@ class Forwarder:
         if caller.capability is not None:
             headers.append((api.USER_CAPABILITY_HEADER.encode(), caller.capability.encode("latin-1")))
         if caller.if_match is not None:
-            headers.append((b"if-match", caller.if_match.encode("latin-1")))
+            headers.append((_IF_MATCH, caller.if_match.encode("latin-1")))
+        if caller.idempotency_key is not None:
+            headers.append((_IDEMPOTENCY_KEY, caller.idempotency_key.encode("latin-1")))
         try:
             # The transport bounds the call (SESSIONMEM_PROXY_CONNECT_TIMEOUT_SECONDS, ..._PROXY_TIMEOUT_SECONDS).
             response = await self._http.request(method, target, headers, body, idempotent)

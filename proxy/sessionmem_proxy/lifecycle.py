@@ -31,13 +31,14 @@ async def search(ctx: ProxyContext, p: SearchParams, _: BaseModel | None) -> Rep
         result = await ctx.store.read_all(op.key)
         matches = search_entries(result.raw_entries, p.q, p.limit)
         op.span.entries, op.span.version = len(matches), result.version
-        response = wire.SearchResponse(
-            conversationId=op.conversation,
-            scope=op.scope,
-            query=p.q,
-            matches=[wire.Entry.model_validate(m) for m in matches],
+        # The matches as stored (their items unchanged), in a SearchResponse document.
+        body = b'{"conversationId":%s,"scope":"%s","query":%s,"matches":[%s]}' % (
+            orjson.dumps(op.conversation),
+            op.scope.encode(),
+            orjson.dumps(p.q),
+            b",".join(matches),
         )
-        return memory_reply(response, op.scope, len(matches), result.version)
+        return memory_reply(body, op.scope, len(matches), result.version)
 
 
 def _parse_if_match(if_match: str | None) -> int | None:

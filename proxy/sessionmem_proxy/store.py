@@ -24,7 +24,14 @@ from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 from sessionmem_core import env
 from sessionmem_core.api import SUMMARY_ID_PREFIX
-from sessionmem_core.errors import BackendUnavailable, QuotaExceeded, SessionMemError, VersionConflict
+from sessionmem_core.errors import (
+    BackendUnavailable,
+    InvalidRequest,
+    PayloadTooLarge,
+    QuotaExceeded,
+    SessionMemError,
+    VersionConflict,
+)
 from sessionmem_core.ids import new_message_id
 from sessionmem_proxy.keying import usage_keys_of
 
@@ -45,15 +52,18 @@ RETRY_CHUNK_ENTRIES = 16
 # arguments start in ARGV, and answers its reply, then how the accounting counts it: 'add' or 'set', the
 # bytes and the TTL; or its reply alone when it wrote nothing.
 
-# append(key, a): ARGV from ``a`` on holds cap, ttl, window entries, window bytes, chunk, then
-# (id, client?, rest) triples, client? '1' when the id came from the client (a minted id cannot be a
-# retry). Each entry is judged on its own: an id already stored in the retry window, or earlier in the
-# same batch, is skipped; the rest are stored. Answers {version, stored, length, duplicate ids, bytes
-# added (net of what the cap trimmed), 1 when the conversation was new}.
+# append(key, a): ARGV from ``a`` on holds cap, ttl, window entries, window bytes, chunk, the append's
+# idempotency key ('' for none), then (id, client?, rest) triples, client? '1' when the id came from the
+# client and identifies a retry (a minted id cannot be a retry; with an idempotency key ids may repeat).
+# With a key, an append whose key is stored in the retry window (on the first entry of its original) is
+# a retry, answered with its original's version and nothing stored. Without one, each entry is judged on
+# its own: an id already stored in the retry window, or earlier in the same batch, is skipped; the rest
+# are stored. Answers {version, stored, length, duplicate ids, bytes added (net of what the cap trimmed),
+# 1 when the conversation was new}.
 _APPEND_FUNCTION = """
 local function append(key, a)
   local cap, ttl, window = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local window_bytes, max_chunk, first = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), a + 5
+  local window_bytes, max_chunk, idem, first = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5], a + 6
   local tail = redis.call('LINDEX', key, -1)
   local v = 0
   if tail then v = tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) or 0 end
@@ -65,7 +75,9 @@ local function append(key, a)
       missing = missing + 1
     end
   end
+  if idem ~= '' then missing = 1 end
   local stored_before = {}
+  local original = nil
   if tail and missing > 0 then
     local limit = math.min(window, redis.call('LLEN', key))
     local from, chunk, seen_bytes = 1, 4, 0
@@ -74,26 +86,43 @@ local function append(key, a)
       local part = redis.call('LRANGE', key, -to, -from)
       for j = #part, 1, -1 do
         seen_bytes = seen_bytes + #part[j]
-        local id = string.match(part[j], '^{"id":"([^"]*)"')
-        if id and wanted[id] then
-          wanted[id] = nil
-          stored_before[id] = true
-          missing = missing - 1
+        if idem ~= '' then
+          local at, k = string.match(part[j], '^{"id":"[^"]*","v":(%d+),"idempotencyKey":"([^"]*)"')
+          if k == idem then
+            original = tonumber(at)
+            missing = 0
+            break
+          end
+        else
+          local id = string.match(part[j], '^{"id":"([^"]*)"')
+          if id and wanted[id] then
+            wanted[id] = nil
+            stored_before[id] = true
+            missing = missing - 1
+          end
         end
       end
       from = to + 1
       chunk = math.min(chunk * 2, max_chunk)
     end
   end
+  if original then
+    local ids = {}
+    for i = first, #ARGV, 3 do ids[#ids + 1] = ARGV[i] end
+    return {original, 0, redis.call('LLEN', key), ids, 0, 0}
+  end
   local batch, duplicates, taken = {}, {}, {}
   local added = 0
+  local mark = ''
+  if idem ~= '' then mark = ',"idempotencyKey":"' .. idem .. '"' end
   for i = first, #ARGV, 3 do
     local id = ARGV[i]
-    if stored_before[id] or taken[id] then
+    if stored_before[id] or (taken[id] and idem == '') then
       duplicates[#duplicates + 1] = id
     else
       taken[id] = true
-      batch[#batch + 1] = '{"id":"' .. id .. '","v":' .. (v + 1) .. ARGV[i + 2]
+      batch[#batch + 1] = '{"id":"' .. id .. '","v":' .. (v + 1) .. mark .. ARGV[i + 2]
+      mark = ''
       added = added + #batch[#batch]
     end
   end
@@ -315,6 +344,9 @@ class EntryToStore(Protocol):
     @property
     def id(self) -> str | None: ...
 
+    @property
+    def item(self) -> dict[str, Any] | None: ...
+
 
 # The value objects built for every request are plain (not frozen) slotted dataclasses: building a frozen
 # one costs about three times as much (its __init__ goes through object.__setattr__). Nothing mutates them.
@@ -325,6 +357,7 @@ class NewEntry:
     role: str
     content: str
     id: str | None = None
+    item: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -436,30 +469,48 @@ class ValkeyLike(Protocol):
 
 
 def _entry_args(
-    entries: Sequence[EntryToStore], author: str, now_ms: int, client_flags: bool = False
+    entries: Sequence[EntryToStore], author: str, now_ms: int, client_flags: bool = False, ids_identify: bool = True
 ) -> list[str | bytes]:
-    """(id, rest-of-entry) pairs; with ``client_flags``, (id, '1' if the client chose it else '0', rest)."""
+    """(id, rest-of-entry) pairs; with ``client_flags``, (id, '1' if the client chose it and ids identify
+    retries (``ids_identify``) else '0', rest).
+    An item is serialized after the proxy's fields, its keys in the order given; an entry over
+    ``MAX_ENTRY_BYTES`` stored is a typed 413, an item JSON cannot hold (an integer past 64 bits) a 400."""
     args: list[str | bytes] = []
     for entry in entries:
-        rest = orjson.dumps({"role": entry.role, "content": entry.content, "author": author, "ts": now_ms})
+        fields: dict[str, Any] = {"role": entry.role, "content": entry.content, "author": author, "ts": now_ms}
+        if entry.item is not None:
+            fields["item"] = entry.item
+        try:
+            rest = orjson.dumps(fields)
+        except orjson.JSONEncodeError as exc:
+            raise InvalidRequest(f"body.entries.item: not storable as JSON: {exc}") from exc
+        if len(rest) > env.MAX_ENTRY_BYTES:
+            raise PayloadTooLarge(
+                f"an entry would store {len(rest)} bytes (content and item); at most {env.MAX_ENTRY_BYTES}"
+            )
         # The id was validated (no quotes, no control characters), so it is safe inside a JSON string.
         args.append(entry.id or new_message_id())
         if client_flags:
-            args.append("1" if entry.id else "0")
+            args.append("1" if entry.id and ids_identify else "0")
         args.append(b"," + rest[1:])
     return args
 
 
-def append_args(entries: Sequence[EntryToStore], author: str, cap: int, ttl_seconds: int) -> list[Any]:
+def append_args(
+    entries: Sequence[EntryToStore], author: str, cap: int, ttl_seconds: int, idempotency_key: str | None = None
+) -> list[Any]:
     """ARGV of the append script (``APPEND_SCRIPT``) for one batch: what every append sends, and what
-    the benchmark's Valkey ceiling sends to measure the same server-side step without the proxy."""
+    the benchmark's Valkey ceiling sends to measure the same server-side step without the proxy. With
+    ``idempotency_key`` (validated: it is written into stored JSON as it is) the key alone identifies a
+    retry, and ids are not de-duplicated."""
     return [
         cap,
         ttl_seconds,
         RETRY_WINDOW_ENTRIES,
         RETRY_WINDOW_BYTES,
         RETRY_CHUNK_ENTRIES,
-        *_entry_args(entries, author, _now_ms(), client_flags=True),
+        idempotency_key or "",
+        *_entry_args(entries, author, _now_ms(), client_flags=True, ids_identify=idempotency_key is None),
     ]
 
 
@@ -490,9 +541,12 @@ class ConversationStore:
         cap: int,
         ttl_seconds: int,
         quota: StorageQuota | None = None,
+        idempotency_key: str | None = None,
     ) -> AppendResult:
-        """``quota``: the writer's storage limits, which a store that accounts its writes needs (``_write``)."""
-        reply = await self._write(self._append, key, append_args(entries, author, cap, ttl_seconds), quota)
+        """``quota``: the writer's storage limits, which a store that accounts its writes needs (``_write``);
+        ``idempotency_key``: the append's, which then alone identifies a retry."""
+        args = append_args(entries, author, cap, ttl_seconds, idempotency_key)
+        reply = await self._write(self._append, key, args, quota)
         version, stored, length, duplicates, added, created = reply
         if self.ledger is not None and not self._counted and int(stored):
             size, ledger = int(added), self.ledger
@@ -635,19 +689,20 @@ def tokenize(text: str) -> set[str]:
     return {t for t in re.findall(r"\w+", text.lower()) if len(t) > 1}
 
 
-def search_entries(raw_entries: Sequence[bytes], query: str, limit: int) -> list[dict[str, Any]]:
-    """Keyword search: entries ranked by how many query terms they contain, newest first on ties."""
+def search_entries(raw_entries: Sequence[bytes], query: str, limit: int) -> list[bytes]:
+    """Keyword search on the entries' text: the stored entries (as stored) ranked by how many query
+    terms their content contains, newest first on ties."""
     terms = tokenize(query)
     if not terms:
         return []
-    scored: list[tuple[int, int, dict[str, Any]]] = []
+    scored: list[tuple[int, int, bytes]] = []
     for position, raw in enumerate(raw_entries):
         entry = orjson.loads(raw)
         overlap = len(terms & tokenize(str(entry.get("content", ""))))
         if overlap:
-            scored.append((overlap, position, entry))
+            scored.append((overlap, position, raw))
     scored.sort(key=lambda item: (item[0], item[1]), reverse=True)
-    return [entry for _, _, entry in scored[:limit]]
+    return [raw for _, _, raw in scored[:limit]]
 
 
 def _texts(replies: Sequence[bytes | str]) -> tuple[str, ...]:
