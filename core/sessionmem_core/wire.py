@@ -90,6 +90,11 @@ class Entry(_Model):
         alias="idempotencyKey",
         description="On the first entry of an append sent with an Idempotency-Key: that key.",
     )
+    rewound_at: int | None = Field(
+        default=None,
+        alias="rewoundAt",
+        description="On the newest entry after a pop or rewind: the version that write gave the conversation.",
+    )
     role: str
     content: str
     author: str = Field(description="namespace/agent of the authenticated writer, stamped server-side.")
@@ -217,6 +222,38 @@ class ReplaceResponse(_Model):
 class DeleteResponse(_Model):
     deleted: bool
     entries: int = Field(description="How many entries were removed.")
+    scope: str
+
+
+class PopResponse(_Model):
+    entry: Entry | None = Field(description="The entry removed; None when the conversation held none.")
+    version: int = Field(description="The version after the pop (it moves on; 0 once nothing is left).")
+    length: int
+    scope: str
+
+
+class RewindRequest(_Request):
+    to_version: int = Field(alias="toVersion", ge=0, description="Keep the entries written at or before it.")
+
+
+class RewindResponse(_Model):
+    version: int = Field(description="The version after the rewind (it moves on; 0 once nothing is left).")
+    removed: int
+    length: int
+    scope: str
+
+
+class ForkRequest(_Request):
+    conversation_id: str = Field(alias="conversationId", min_length=1, max_length=128, description="The new id.")
+    at_version: int | None = Field(
+        default=None, alias="atVersion", ge=0, description="Copy the entries written at or before it; None: all."
+    )
+
+
+class ForkResponse(_Model):
+    conversation_id: str = Field(alias="conversationId")
+    version: int = Field(description="The new conversation's version: that of its newest entry.")
+    entries: int = Field(description="Entries copied.")
     scope: str
 
 

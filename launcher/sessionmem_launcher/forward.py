@@ -31,8 +31,10 @@ from sessionmem_infra.telemetry import MemoryTracer, inject_traceparent
 
 # Query parameters set from the pod's configuration on every call; an agent's values for them are dropped.
 POD_PARAMS = frozenset({api.SCOPE_PARAM, api.CAP_PARAM, api.TTL_PARAM, api.REDACT_PARAM})
-# Operations that write, and so carry the write parameters (cap, TTL, redactors) besides the scope.
-_WRITES = frozenset({"append", "replace"})
+# Operations that store, and so carry the write parameters (cap, TTL, redactors) besides the scope; and
+# those that take a body.
+_WRITES = frozenset(operation.op for operation in api.MEMORY_OPERATIONS if operation.writes)
+_BODIED = frozenset(operation.op for operation in api.MEMORY_OPERATIONS if operation.request is not None)
 _SCOPE = api.SCOPE_HEADER.encode()
 _IF_MATCH = api.IF_MATCH_HEADER.encode()
 _IDEMPOTENCY_KEY = api.IDEMPOTENCY_KEY_HEADER.encode()
@@ -211,7 +213,7 @@ class Forwarder:
         method, target = api.memory_target(op, conversation)
         try:
             with self.tracer.span(op, conversation or "", caller.traceparent, caller.tracestate) as span:
-                if op in _WRITES and not body:
+                if op in _BODIED and not body:
                     raise InvalidRequest("request body is required")
                 if self._settings.per_user and caller.capability is None:
                     # Without the user's capability this agent's memory would mix users: refuse, never fall back.

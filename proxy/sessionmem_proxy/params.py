@@ -372,6 +372,35 @@ class ReplaceParams:
 
 @declared
 @dataclass(slots=True)
+class ConditionalParams:
+    """An operation on one conversation conditional on its version (delete, pop, rewind)."""
+
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, IF_MATCH)
+    conversation_id: str
+    scope: Scope
+    authorization: str | None
+    traceparent: str | None
+    capability: str | None
+    if_match: str | None
+    verified: AgentIdentity | None = None
+
+
+@declared
+@dataclass(slots=True)
+class ForkParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, CAP, TTL)
+    conversation_id: str
+    scope: Scope
+    authorization: str | None
+    traceparent: str | None
+    capability: str | None
+    cap: int
+    ttl_seconds: int
+    verified: AgentIdentity | None = None
+
+
+@declared
+@dataclass(slots=True)
 class SearchParams:
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, SEARCH_Q, SEARCH_LIMIT)
     conversation_id: str

@@ -26,6 +26,7 @@ from sessionmem_core import env
 from sessionmem_core.api import SUMMARY_ID_PREFIX
 from sessionmem_core.errors import (
     BackendUnavailable,
+    ConversationExists,
     InvalidRequest,
     PayloadTooLarge,
     QuotaExceeded,
@@ -52,6 +53,30 @@ RETRY_CHUNK_ENTRIES = 16
 # arguments start in ARGV, and answers its reply, then how the accounting counts it: 'add' or 'set', the
 # bytes and the TTL; or its reply alone when it wrote nothing.
 
+# The version of a conversation is read from its newest entry: its ``v``, or the ``rewoundAt`` a pop or a
+# rewind wrote on it (they are writes, so they move the version on without writing an entry). Every script
+# that reads a version uses ``version_of``; ``mark_rewound`` stamps the newest entry, answering the bytes it
+# added.
+_VERSION_FUNCTIONS = """
+local function version_of(entry)
+  if not entry then return 0 end
+  local v, r = string.match(entry, '^{"id":"[^"]*","v":(%d+),"rewoundAt":(%d+)')
+  if v then return math.max(tonumber(v), tonumber(r)) end
+  return tonumber(string.match(entry, '^{"id":"[^"]*","v":(%d+)')) or 0
+end
+local function mark_rewound(key, version)
+  local tail = redis.call('LINDEX', key, -1)
+  local head, rest = string.match(tail, '^({"id":"[^"]*","v":%d+)(.*)$')
+  rest = string.gsub(rest, '^,"rewoundAt":%d+', '', 1)
+  local marked = head .. ',"rewoundAt":' .. version .. rest
+  redis.call('LSET', key, -1, marked)
+  return #marked - #tail
+end
+local function ttl_of(key)
+  return math.max(1, math.floor((redis.call('PTTL', key) + 999) / 1000))
+end
+"""
+
 # append(key, a): ARGV from ``a`` on holds cap, ttl, window entries, window bytes, chunk, the append's
 # idempotency key ('' for none), then (id, client?, rest) triples, client? '1' when the id came from the
 # client and identifies a retry (a minted id cannot be a retry; with an idempotency key ids may repeat).
@@ -66,7 +91,7 @@ local function append(key, a)
   local window_bytes, max_chunk, idem, first = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5], a + 6
   local tail = redis.call('LINDEX', key, -1)
   local v = 0
-  if tail then v = tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) or 0 end
+  if tail then v = version_of(tail) end
   local wanted = {}
   local missing = 0
   for i = first, #ARGV, 3 do
@@ -88,6 +113,9 @@ local function append(key, a)
         seen_bytes = seen_bytes + #part[j]
         if idem ~= '' then
           local at, k = string.match(part[j], '^{"id":"[^"]*","v":(%d+),"idempotencyKey":"([^"]*)"')
+          if not k then
+            at, k = string.match(part[j], '^{"id":"[^"]*","v":(%d+),"rewoundAt":%d+,"idempotencyKey":"([^"]*)"')
+          end
           if k == idem then
             original = tonumber(at)
             missing = 0
@@ -150,7 +178,7 @@ local function replace(key, a)
   local expected, cap, ttl, first = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), a + 3
   local tail = redis.call('LINDEX', key, -1)
   local v = 0
-  if tail then v = tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) or 0 end
+  if tail then v = version_of(tail) end
   if expected ~= '*' and tonumber(expected) ~= v then
     return {-1, v, 0}
   end
@@ -167,6 +195,69 @@ local function replace(key, a)
   local size = 0
   for i = #batch - kept + 1, #batch do size = size + #batch[i] end
   return {v, kept, size}, 'set', size, ttl
+end
+"""
+
+# pop(key, a): ARGV[a] the expected version ('*' for any). Removes the newest entry; the version moves on
+# (stamped on the new newest entry), or the conversation is gone when it was the last. Answers {version,
+# length, removed entry or '', 1 when one was removed, bytes added (negative), TTL (0: gone)}, or {-1,
+# current version} when the version does not match; nothing written when there was nothing to pop.
+_POP_FUNCTION = """
+local function pop(key, a)
+  local expected = ARGV[a]
+  local tail = redis.call('LINDEX', key, -1)
+  local v = version_of(tail)
+  if expected ~= '*' and tonumber(expected) ~= v then return {-1, v} end
+  if not tail then return {0, 0, '', 0, 0, 0} end
+  local ttl = ttl_of(key)
+  redis.call('RPOP', key)
+  local length = redis.call('LLEN', key)
+  if length == 0 then return {0, 0, tail, 1, -#tail, 0}, 'forget', 0, 0 end
+  local delta = mark_rewound(key, v + 1) - #tail
+  return {v + 1, length, tail, 1, delta, ttl}, 'add', delta, ttl
+end
+"""
+
+# rewind(key, a): ARGV[a] the expected version ('*' for any), ARGV[a + 1] the version to go back to: the
+# entries written after it are dropped, newest first; the version moves on as a pop's does. Answers
+# {version, removed, length, bytes added (negative), TTL (0: gone)}, or {-1, current version} when the
+# version does not match.
+_REWIND_FUNCTION = """
+local function rewind(key, a)
+  local expected, to = ARGV[a], tonumber(ARGV[a + 1])
+  local tail = redis.call('LINDEX', key, -1)
+  local v = version_of(tail)
+  if expected ~= '*' and tonumber(expected) ~= v then return {-1, v} end
+  if not tail then return {0, 0, 0, 0, 0} end
+  local ttl = ttl_of(key)
+  local removed, delta = 0, 0
+  while tail and tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) > to do
+    redis.call('RPOP', key)
+    removed = removed + 1
+    delta = delta - #tail
+    tail = redis.call('LINDEX', key, -1)
+  end
+  if removed == 0 then return {v, 0, redis.call('LLEN', key), 0, 0} end
+  if not tail then return {0, removed, 0, delta, 0}, 'forget', 0, 0 end
+  delta = delta + mark_rewound(key, v + 1)
+  return {v + 1, removed, redis.call('LLEN', key), delta, ttl}, 'add', delta, ttl
+end
+"""
+
+# create(key, a): ARGV from ``a`` on holds cap, ttl, then whole stored entries (a fork's copies). Refused
+# ({-1}) when the key exists; answers {version, entries kept}.
+_CREATE_FUNCTION = """
+local function create(key, a)
+  local cap, ttl, first = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), a + 2
+  if redis.call('EXISTS', key) == 1 then return {-1, 0} end
+  if #ARGV < first then return {0, 0} end
+  redis.call('RPUSH', key, unpack(ARGV, first, #ARGV))
+  redis.call('LTRIM', key, -cap, -1)
+  redis.call('EXPIRE', key, ttl)
+  local kept = redis.call('LRANGE', key, 0, -1)
+  local size = 0
+  for _, e in ipairs(kept) do size = size + #e end
+  return {version_of(kept[#kept]), #kept}, 'set', size, ttl
 end
 """
 
@@ -253,15 +344,34 @@ end
 """
 
 
-def _scripts(function: str, name: str) -> tuple[str, str]:
+# shrinking(write): a write that only removes (a pop, a rewind), with its accounting and no quota check
+# (what frees storage is never refused for want of it). KEYS and ARGV as ``counted``'s.
+_SHRINKING_FUNCTION = """
+local function shrinking(write)
+  local now = usage_now()
+  usage_prune(KEYS[2], KEYS[3], now)
+  local reply, op, bytes, ttl = write(KEYS[1], 3)
+  if op then usage_apply(KEYS[2], KEYS[3], KEYS[1], op, bytes, ttl, now) end
+  usage_settle(KEYS[2], KEYS[3])
+  return {0, reply}
+end
+"""
+
+
+def _scripts(function: str, name: str, admitted: bool = True) -> tuple[str, str]:
     """A write's two scripts: alone (KEYS = the conversation; its arguments from ARGV[1]), answering its
-    reply; and counted (``counted`` above)."""
-    alone = function + f"local reply = {name}(KEYS[1], 1)\nreturn reply\n"
-    return alone, _USAGE_FUNCTIONS + _COUNTED_FUNCTION + function + f"return counted({name})\n"
+    reply; and counted (``counted`` above, or ``shrinking`` for a write that is not ``admitted``)."""
+    body = _VERSION_FUNCTIONS + function
+    alone = body + f"local reply = {name}(KEYS[1], 1)\nreturn reply\n"
+    wrapper, wrap = (_COUNTED_FUNCTION, "counted") if admitted else (_SHRINKING_FUNCTION, "shrinking")
+    return alone, _USAGE_FUNCTIONS + wrapper + body + f"return {wrap}({name})\n"
 
 
 _APPEND, _APPEND_COUNTED = _scripts(_APPEND_FUNCTION, "append")
 _REPLACE, _REPLACE_COUNTED = _scripts(_REPLACE_FUNCTION, "replace")
+_POP, _POP_COUNTED = _scripts(_POP_FUNCTION, "pop", admitted=False)
+_REWIND, _REWIND_COUNTED = _scripts(_REWIND_FUNCTION, "rewind", admitted=False)
+_CREATE, _CREATE_COUNTED = _scripts(_CREATE_FUNCTION, "create")
 
 # The accounting alone (a Cluster, where it cannot share a script with the conversation): KEYS =
 # expiries, sizes; ARGV = op ('reserve' max-conversations max-bytes | 'add' bytes ttl | 'set' bytes ttl |
@@ -285,23 +395,33 @@ return {totals[1], totals[2], known, verdict}
 """
 )
 
-_DELETE = """
+# Delete: ARGV[1] the expected version ('*' for any). Answers {entries removed, version}, or {-1, the
+# current version} when it does not match (nothing removed).
+_DELETE = (
+    _VERSION_FUNCTIONS
+    + """
+local v = version_of(redis.call('LINDEX', KEYS[1], -1))
+if ARGV[1] ~= '*' and tonumber(ARGV[1]) ~= v then return {-1, v} end
 local n = redis.call('LLEN', KEYS[1])
 redis.call('DEL', KEYS[1])
-return n
+return {n, v}
 """
+)
 
 # Delete with its accounting: KEYS = the conversation, expiries, sizes.
 _DELETE_COUNTED = (
     _USAGE_FUNCTIONS
+    + _VERSION_FUNCTIONS
     + """
+local v = version_of(redis.call('LINDEX', KEYS[1], -1))
+if ARGV[1] ~= '*' and tonumber(ARGV[1]) ~= v then return {-1, v} end
 local n = redis.call('LLEN', KEYS[1])
 redis.call('DEL', KEYS[1])
 local now = usage_now()
 usage_prune(KEYS[2], KEYS[3], now)
 usage_apply(KEYS[2], KEYS[3], KEYS[1], 'forget', 0, 0, now)
 usage_settle(KEYS[2], KEYS[3])
-return n
+return {n, v}
 """
 )
 
@@ -323,12 +443,28 @@ end
 return {head, window}
 """
 
-_VERSION = re.compile(rb'^\{"id":"[^"]*","v":(\d+)')
+_VERSION = re.compile(rb'^\{"id":"[^"]*","v":(\d+)(?:,"rewoundAt":(\d+))?')
+_REWOUND_AT = re.compile(rb'^(\{"id":"[^"]*","v":\d+),"rewoundAt":\d+')
 
 
 def version_of(raw_entry: bytes) -> int:
+    """The conversation's version as its newest entry tells it (``version_of`` of the scripts)."""
+    match = _VERSION.match(raw_entry)
+    if match is None:
+        return 0
+    written, rewound = match.groups()
+    return max(int(written), int(rewound)) if rewound else int(written)
+
+
+def written_at(raw_entry: bytes) -> int:
+    """The version an entry was written at (its ``v``)."""
     match = _VERSION.match(raw_entry)
     return int(match.group(1)) if match else 0
+
+
+def without_rewound_at(raw_entry: bytes) -> bytes:
+    """The entry as written: without the ``rewoundAt`` a pop or rewind stamped on it."""
+    return _REWOUND_AT.sub(rb"\1", raw_entry, count=1)
 
 
 class EntryToStore(Protocol):
@@ -375,6 +511,21 @@ class AppendResult:
     def duplicate(self) -> bool:
         """Nothing new was stored: the whole batch was a retry."""
         return self.stored == 0
+
+
+@dataclass(slots=True)
+class PopResult:
+    version: int
+    length: int
+    # The entry removed, as it was stored; None when there was none.
+    raw_entry: bytes | None
+
+
+@dataclass(slots=True)
+class RewindResult:
+    version: int
+    removed: int
+    length: int
 
 
 @dataclass(slots=True)
@@ -530,6 +681,9 @@ class ConversationStore:
         self._append = client.register_script(_APPEND_COUNTED if counted else _APPEND)
         self._replace = client.register_script(_REPLACE_COUNTED if counted else _REPLACE)
         self._delete = client.register_script(_DELETE_COUNTED if counted else _DELETE)
+        self._pop = client.register_script(_POP_COUNTED if counted else _POP)
+        self._rewind = client.register_script(_REWIND_COUNTED if counted else _REWIND)
+        self._create = client.register_script(_CREATE_COUNTED if counted else _CREATE)
         self._info = client.register_script(_INFO)
         self._read_with_summary = client.register_script(_READ_WITH_SUMMARY)
 
@@ -617,13 +771,65 @@ class ConversationStore:
             await self._account(self.ledger.sized(key, int(size), ttl_seconds))
         return AppendResult(version=int(version), stored=int(stored))
 
-    async def delete(self, key: str) -> int:
+    async def delete(self, key: str, expected_version: int | None = None) -> int:
+        """Entries removed; VersionConflict (nothing removed) when ``expected_version`` is not the current."""
+        expected = "*" if expected_version is None else str(expected_version)
         if self._counted:
-            return int(await self._guard(self._delete(keys=[key, *usage_keys_of(key)], args=[])))
-        removed = await self._call(self._delete, key, [])
-        if self.ledger is not None:
+            reply = await self._guard(self._delete(keys=[key, *usage_keys_of(key)], args=[expected]))
+        else:
+            reply = await self._call(self._delete, key, [expected])
+        removed, version = int(reply[0]), int(reply[1])
+        if removed < 0:
+            raise VersionConflict(f"conversation is at version {version}, not {expected_version}")
+        if self.ledger is not None and not self._counted:
             await self._account(self.ledger.forget(key))
-        return int(removed)
+        return removed
+
+    async def pop(self, key: str, expected_version: int | None = None) -> PopResult:
+        """Remove the newest entry (a write: the version moves on); VersionConflict on a mismatch."""
+        expected = "*" if expected_version is None else str(expected_version)
+        reply = await self._shrink(self._pop, key, [expected])
+        if int(reply[0]) < 0:
+            raise VersionConflict(f"conversation is at version {reply[1]}, not {expected_version}")
+        version, length, raw, removed, delta, ttl = reply
+        if self.ledger is not None and not self._counted and int(removed):
+            await self._account(self._shrunk(key, int(delta), int(ttl)))
+        return PopResult(int(version), int(length), bytes(raw) if int(removed) else None)
+
+    async def rewind(self, key: str, to_version: int, expected_version: int | None = None) -> RewindResult:
+        """Drop the entries written after ``to_version`` (a write when any were); VersionConflict on a mismatch."""
+        expected = "*" if expected_version is None else str(expected_version)
+        reply = await self._shrink(self._rewind, key, [expected, to_version])
+        if int(reply[0]) < 0:
+            raise VersionConflict(f"conversation is at version {reply[1]}, not {expected_version}")
+        version, removed, length, delta, ttl = (int(part) for part in reply)
+        if self.ledger is not None and not self._counted and removed:
+            await self._account(self._shrunk(key, delta, ttl))
+        return RewindResult(version, removed, length)
+
+    async def create(
+        self, key: str, raw_entries: Sequence[bytes], cap: int, ttl_seconds: int, quota: StorageQuota | None = None
+    ) -> AppendResult:
+        """A new conversation holding ``raw_entries`` as they are (a fork's copies); ConversationExists when
+        the key holds one already."""
+        version, kept, *_ = await self._write(self._create, key, [cap, ttl_seconds, *raw_entries], quota)
+        if int(version) < 0:
+            raise ConversationExists("a conversation with that id exists already")
+        if self.ledger is not None and not self._counted:
+            size = sum(len(raw) for raw in raw_entries[-cap:])
+            await self._account(self.ledger.sized(key, size, ttl_seconds))
+        return AppendResult(version=int(version), stored=int(kept), length=int(kept), created=True)
+
+    def _shrunk(self, key: str, delta: int, ttl: int) -> Awaitable[Usage]:
+        assert self.ledger is not None
+        return self.ledger.forget(key) if ttl == 0 else self.ledger.added(key, delta, ttl)
+
+    async def _shrink(self, script: Any, key: str, args: list[Any]) -> Any:
+        """The reply of a write that only removes: with its accounting (no quota check) when counted."""
+        if not self._counted:
+            return await self._call(script, key, args)
+        reply = await self._guard(script(keys=[key, *usage_keys_of(key)], args=[0, 0, *args]))
+        return reply[1]
 
     @staticmethod
     async def _account(update: Awaitable[Usage]) -> None:
