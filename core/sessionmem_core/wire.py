@@ -127,7 +127,23 @@ class ConversationInfo(_Model):
 
 
 class ConversationRef(_Model):
+    """A conversation as the catalogue lists it."""
+
     conversation_id: str = Field(alias="conversationId")
+    title: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    created: int | None = Field(default=None, description="Unix ms of its first write (as the catalogue saw it).")
+    updated: int | None = Field(default=None, description="Unix ms of its last write.")
+    entries: int | None = Field(default=None, description="Entries it holds.")
+    bucket: str | None = Field(default=None, description="The end user's bucket it lives in (perUser agents).")
+
+
+LabelName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")]
+
+
+class MetadataRequest(_Request):
+    title: str | None = Field(default=None, max_length=256)
+    labels: dict[LabelName, Annotated[str, Field(max_length=256)]] | None = Field(default=None, max_length=32)
 
 
 class ConversationList(_Model):

@@ -7,13 +7,13 @@ import orjson
 from pydantic import BaseModel
 
 from sessionmem_core import api, wire
-from sessionmem_core.errors import Forbidden, InvalidRequest
+from sessionmem_core.errors import Forbidden, InvalidRequest, NotFound
 from sessionmem_core.ids import parse_conversation_id
 from sessionmem_core.keys import Scope
-from sessionmem_proxy.bulk import conversations_under, delete_all, export_page
+from sessionmem_proxy.bulk import delete_all, export_page
 from sessionmem_proxy.context import ProxyContext, identify
 from sessionmem_proxy.hot import new_entries, operation
-from sessionmem_proxy.keying import conversation_in, sibling_key
+from sessionmem_proxy.keying import bucket_of_space, conversation_in, listing_key, sibling_key, usage_keys_of
 from sessionmem_proxy.params import (
     ClearParams,
     ConditionalParams,
@@ -26,7 +26,7 @@ from sessionmem_proxy.params import (
     SearchParams,
 )
 from sessionmem_proxy.replies import Reply, memory_reply, model_reply
-from sessionmem_proxy.store import search_entries, without_rewound_at, written_at
+from sessionmem_proxy.store import CatalogueRecord, search_entries, without_rewound_at, written_at
 
 
 async def search(ctx: ProxyContext, p: SearchParams, _: BaseModel | None) -> Reply:
@@ -184,24 +184,53 @@ async def export(ctx: ProxyContext, p: ExportParams, _: BaseModel | None) -> Rep
     return memory_reply(body, op.scope, length, version)
 
 
+def _catalogue_cursor(cursor: str) -> tuple[int, int] | None:
+    if cursor == "0":
+        return None
+    score, _, taken = cursor.partition("-")
+    return int(score), int(taken or "0")
+
+
 async def list_conversations(ctx: ProxyContext, p: ListParams, _: BaseModel | None) -> Reply:
-    cursor = int(p.cursor)
-    if cursor >= 2**64:
-        raise InvalidRequest("cursor is not one this server returned")
+    """The caller's conversations (the agent's own, a user bucket's with a capability, or a registry's),
+    newest write first, from the catalogue the writes keep (no keyspace scan)."""
     with ctx.tracer.span("list", "", p.traceparent) as span:
         identity = await identify(ctx, p.authorization)
         per_user = (await ctx.quotas.policy_of(identity.owner)).per_user
         key_prefix, scope_used = await ctx.keys.resolve_prefix(identity, p.scope, p.capability, per_user)
-        keys, next_cursor = await conversations_under(ctx.store, key_prefix, cursor, p.limit, direct_only=True)
-        span.scope, span.entries = scope_used, len(keys)
-        return model_reply(
-            wire.ConversationList(
-                conversations=[
-                    wire.ConversationRef(conversationId=conversation_in(key_prefix, k)) for k in sorted(keys)
-                ],
-                nextCursor=str(next_cursor) if next_cursor else None,
-            )
+        expiries, _sizes, meta, _summaries, index = usage_keys_of(listing_key(key_prefix))
+        page = await ctx.store.catalogue_page(index, expiries, meta, _catalogue_cursor(p.cursor), p.limit)
+        span.scope, span.entries = scope_used, len(page.records)
+        bucket = bucket_of_space(key_prefix)
+        response = wire.ConversationList(
+            conversations=[_ref(conversation_in(key_prefix, r.key), r, bucket) for r in page.records],
+            nextCursor=None if page.cursor is None else f"{page.cursor[0]}-{page.cursor[1]}",
         )
+        ctx.quotas.charge(identity.owner, 64 * len(page.records))
+        return model_reply(response)
+
+
+def _ref(conversation: str, record: CatalogueRecord, bucket: str | None) -> wire.ConversationRef:
+    return wire.ConversationRef(
+        conversationId=conversation,
+        title=record.title,
+        labels=record.labels,
+        created=record.created,
+        updated=record.updated,
+        entries=record.entries,
+        bucket=bucket,
+    )
+
+
+async def set_metadata(ctx: ProxyContext, p: ConversationParams, body: BaseModel | None) -> Reply:
+    assert isinstance(body, wire.MetadataRequest)  # the route table validated it
+    given = body.model_fields_set
+    async with operation(ctx, "metadata", p) as op:
+        record = await ctx.store.set_metadata(op.key, ("title" in given, body.title), ("labels" in given, body.labels))
+        if record is None:
+            raise NotFound(f"no conversation {op.conversation} in the catalogue")
+        op.span.entries = record.entries
+        return model_reply(_ref(op.conversation, record, bucket_of_space(op.key)))
 
 
 async def clear_all(ctx: ProxyContext, p: ClearParams, _: BaseModel | None) -> Reply:
