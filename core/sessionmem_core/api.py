@@ -304,6 +304,16 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         params=(_IF_MATCH,),
     ),
     MemoryOperation(
+        "compact",
+        "POST",
+        f"{CONVERSATION_PATH_TEMPLATE}/compact",
+        "Record a summary of the entries up to a version, keeping them: a read with summary=true answers it and "
+        "the entries after that version; an export answers both",
+        "CompactResponse",
+        "CompactRequest",
+        writes=True,
+    ),
+    MemoryOperation(
         "fork",
         "POST",
         f"{CONVERSATION_PATH_TEMPLATE}/fork",

@@ -108,7 +108,9 @@ class History(_Model):
     version: int
     entries: list[Entry]
     summary: Entry | None = Field(
-        default=None, description="With summary=true: the rolling summary of older turns, if there is one."
+        default=None,
+        description="With summary=true, and on an export's first page: the conversation's summary, if there is "
+        "one (a compaction's: its v is the version it covers through; entries then start after it).",
     )
     next_offset: int | None = Field(
         default=None,
@@ -256,6 +258,18 @@ class RewindResponse(_Model):
     version: int = Field(description="The version after the rewind (it moves on; 0 once nothing is left).")
     removed: int
     length: int
+    scope: str
+
+
+class CompactRequest(_Request):
+    summary: EntryIn
+    through_version: int = Field(
+        alias="throughVersion", ge=0, description="The summary covers the entries written at or before it."
+    )
+
+
+class CompactResponse(_Model):
+    version: int = Field(description="The conversation's version (a compaction adds no entry).")
     scope: str
 
 

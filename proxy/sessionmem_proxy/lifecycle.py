@@ -16,6 +16,7 @@ from sessionmem_proxy.hot import new_entries, operation
 from sessionmem_proxy.keying import bucket_of_space, conversation_in, listing_key, sibling_key, usage_keys_of
 from sessionmem_proxy.params import (
     ClearParams,
+    CompactParams,
     ConditionalParams,
     ConversationParams,
     EraseUserParams,
@@ -120,6 +121,17 @@ async def rewind(ctx: ProxyContext, p: ConditionalParams, body: BaseModel | None
         return memory_reply(response, op.scope, result.length, result.version)
 
 
+async def compact(ctx: ProxyContext, p: CompactParams, body: BaseModel | None) -> Reply:
+    """Record a summary of the entries up to a version; the entries stay (docs/summary.md)."""
+    assert isinstance(body, wire.CompactRequest)  # the route table validated it
+    async with operation(ctx, "compact", p) as op:
+        _refuse_on_shared(op.scope)
+        (summary,) = await new_entries(ctx, [body.summary], p.redact)
+        version = await ctx.store.compact(op.key, summary, op.identity.owner.author, body.through_version, op.limits)
+        op.span.version = version
+        return memory_reply(wire.CompactResponse(version=version, scope=op.scope), op.scope, 0, version)
+
+
 async def fork(ctx: ProxyContext, p: ForkParams, body: BaseModel | None) -> Reply:
     """The source's entries written at or before ``atVersion`` (as they were written: a pop's or a
     rewind's stamp dropped), copied into a new conversation of the same space. Read, then created only
@@ -171,12 +183,15 @@ async def export(ctx: ProxyContext, p: ExportParams, _: BaseModel | None) -> Rep
             length, version, _ttl = await ctx.store.info(op.key)
             page, next_offset = await export_page(ctx.store, op.key, p.offset, length)
             op.span.entries, op.span.version = len(page), version
-            body = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[%s],"nextOffset":%s}' % (
+            # The first page carries the compaction summary too: an export answers everything kept.
+            summary = await ctx.store.summary_of(op.key) if p.offset == 0 else None
+            body = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[%s],"nextOffset":%s%s}' % (
                 orjson.dumps(op.conversation),
                 op.scope.encode(),
                 version,
                 b",".join(page),
                 b"null" if next_offset is None else b"%d" % next_offset,
+                b',"summary":' + summary if summary else b"",
             )
             await quotas.pace(owner, len(body))
         finally:

@@ -396,6 +396,19 @@ class ConditionalParams:
 
 @declared
 @dataclass(slots=True)
+class CompactParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, REDACT)
+    conversation_id: str
+    scope: Scope
+    authorization: str | None
+    traceparent: str | None
+    capability: str | None
+    redact: str
+    verified: AgentIdentity | None = None
+
+
+@declared
+@dataclass(slots=True)
 class ForkParams:
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, CAP, TTL)
     conversation_id: str

@@ -28,6 +28,7 @@ from sessionmem_core.errors import (
     BackendUnavailable,
     ConversationExists,
     InvalidRequest,
+    NotFound,
     PayloadTooLarge,
     QuotaExceeded,
     SessionMemError,
@@ -330,6 +331,7 @@ local function usage_apply(expiries, sizes, field, op, amount, ttl, now, length)
   if length then catalogue_touch(field, now, length, ttl) end
   local new = amount
   if op == 'add' then new = old + amount end
+  if op == 'set' and CATALOGUE then redis.call('HDEL', CATALOGUE.summary, field) end
   if new < 0 then new = 0 end
   redis.call('HSET', sizes, field, new)
   redis.call('HINCRBY', sizes, 'total', new - old)
@@ -468,9 +470,15 @@ _INFO = """#!lua flags=no-writes
 return {redis.call('LLEN', KEYS[1]), redis.call('LINDEX', KEYS[1], -1) or '', redis.call('PTTL', KEYS[1])}
 """
 
-# Read with summary: the window, plus the oldest entry when it is a rolling summary outside the window.
+# Read with summary: the window, and the conversation's compaction summary (KEYS[2], the catalogue's
+# summaries, field ARGV[3]: standalone only) answering {summary, window, 1}; or else the oldest entry when it
+# is a rolling summary outside the window, answering {head or '', window, 0}.
 _READ_WITH_SUMMARY = """#!lua flags=no-writes
 local window = redis.call('LRANGE', KEYS[1], -tonumber(ARGV[1]), -1)
+if KEYS[2] then
+  local summary = redis.call('HGET', KEYS[2], ARGV[3])
+  if summary then return {summary, window, 1} end
+end
 local n = redis.call('LLEN', KEYS[1])
 local head = ''
 if n > #window then
@@ -478,8 +486,32 @@ if n > #window then
   local marker = '{"id":"' .. ARGV[2]
   if string.sub(head, 1, #marker) ~= marker then head = '' end
 end
-return {head, window}
+return {head, window, 0}
 """
+
+# A conversation's compaction summary: KEYS = the catalogue's summaries; ARGV = the conversation key.
+_SUMMARY_OF = """#!lua flags=no-writes
+return redis.call('HGET', KEYS[1], ARGV[1]) or ''
+"""
+
+# Record a compaction summary, in the accounting's slot: KEYS = expiries, sizes, the catalogue's three;
+# ARGV = the conversation key, the summary as stored, the conversation's TTL, max conversations, max
+# bytes. Its bytes count with the conversation's (a 'set' of its size, a replace or a new conversation,
+# drops it: ``usage_apply``). Answers the verdict (0 recorded; 1, 2 refused: ``counted``'s).
+_COMPACT = (
+    _USAGE_FUNCTIONS
+    + """
+CATALOGUE = {meta = KEYS[3], summary = KEYS[4], recent = KEYS[5]}
+local field, raw, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local now, verdict = usage_admit(KEYS[1], KEYS[2], field, tonumber(ARGV[4]), tonumber(ARGV[5]))
+if verdict ~= 0 then return verdict end
+local old = redis.call('HSTRLEN', KEYS[4], field)
+redis.call('HSET', KEYS[4], field, raw)
+usage_apply(KEYS[1], KEYS[2], field, 'add', #raw - old, ttl, now, nil)
+usage_settle(KEYS[1], KEYS[2])
+return 0
+"""
+)
 
 # A page of a catalogue index, newest write first: KEYS = the index, expiries, metadata; ARGV = the
 # highest score to start from ('+inf', or a page's cursor score), how many members of that score the pages
@@ -803,6 +835,8 @@ class ConversationStore:
         self._create = client.register_script(_CREATE_COUNTED if counted else _CREATE)
         self._info = client.register_script(_INFO)
         self._catalogue_page = client.register_script(_CATALOGUE_PAGE)
+        self._summary_of = client.register_script(_SUMMARY_OF)
+        self._compact = client.register_script(_COMPACT)
         self._set_metadata = client.register_script(_SET_METADATA)
         self._read_with_summary = client.register_script(_READ_WITH_SUMMARY)
 
@@ -848,11 +882,57 @@ class ConversationStore:
         return ReadResult(version=version_of(raw[-1]) if raw else 0, raw_entries=raw)
 
     async def read_with_summary(self, key: str, limit: int) -> ReadResult:
+        """The window and the conversation's summary: its compaction summary, with the window's entries
+        after the version it covers; or else (none recorded) the rolling summary at the list's head."""
         if limit <= 0:
             return await self.read(key, 0)
-        head, window = await self._call(self._read_with_summary, key, [limit, SUMMARY_ID_PREFIX])
+        summaries = usage_keys_of(key)[3] if self.ledger is not None else None
+        if summaries is not None and self._counted:
+            head, window, compacted = await self._guard(
+                self._read_with_summary(keys=[key, summaries], args=[limit, SUMMARY_ID_PREFIX, key])
+            )
+        else:
+            head = await self._guard(self._summary_of(keys=[summaries], args=[key])) if summaries else b""
+            compacted = 1 if head else 0
+            if head:
+                window = await self._guard(self._client.lrange(key, -limit, -1))
+            else:
+                head, window, _ = await self._call(self._read_with_summary, key, [limit, SUMMARY_ID_PREFIX])
         version = version_of(window[-1]) if window else 0
+        if int(compacted):
+            through = written_at(head)
+            window = [raw for raw in window if written_at(raw) > through]
         return ReadResult(version=version, raw_entries=list(window), raw_summary=head or None)
+
+    async def summary_of(self, key: str) -> bytes | None:
+        """The conversation's compaction summary as stored, if one was recorded."""
+        if self.ledger is None:
+            return None
+        raw = await self._guard(self._summary_of(keys=[usage_keys_of(key)[3]], args=[key]))
+        return bytes(raw) if raw else None
+
+    async def compact(
+        self, key: str, summary: EntryToStore, author: str, through_version: int, quota: StorageQuota
+    ) -> int:
+        """Record ``summary`` as covering the entries up to ``through_version`` (kept as they are); the
+        conversation's version. NotFound for a conversation that holds nothing, a typed 400 for a version
+        it has not reached."""
+        if self.ledger is None:
+            raise InvalidRequest("this store keeps no catalogue: compaction is not available")
+        length, version, ttl = await self.info(key)
+        if not length or ttl is None:
+            raise NotFound("no such conversation")
+        if through_version > version:
+            raise InvalidRequest(f"body.throughVersion: the conversation is at version {version}")
+        entry_id, rest = _entry_args([summary], author, _now_ms())
+        assert isinstance(entry_id, str) and isinstance(rest, bytes)
+        raw = b'{"id":"%s","v":%d%s' % (entry_id.encode(), through_version, rest)
+        keys = list(usage_keys_of(key))
+        args = [key, raw, ttl, quota.max_conversations, quota.max_bytes]
+        verdict = int(await self._guard(self._compact(keys=keys, args=args)))
+        if verdict:
+            raise refusal(verdict, quota.max_conversations, quota.max_bytes)
+        return version
 
     async def info(self, key: str) -> tuple[int, int, int | None]:
         """(entries, version, ttl in seconds or None when the key does not exist)."""
