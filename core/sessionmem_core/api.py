@@ -48,6 +48,11 @@ USER_CAPABILITY_HEADER = "x-sessionmem-user-capability"
 # agent sends back on its memory calls during that turn.
 TURN_HEADER = "x-sessionmem-turn"
 TRACEPARENT_HEADER = "traceparent"
+# An append's idempotency key: a retry with the same key on the same conversation is answered as its
+# original was, whatever the entries' ids.
+IDEMPOTENCY_KEY_HEADER = "idempotency-key"
+# A conditional write's expected version (a read's ``version``); '*' or absent: any.
+IF_MATCH_HEADER = "if-match"
 # Headers an agent might set to claim an identity; the launcher drops all of them before forwarding.
 IDENTITY_HEADERS = frozenset(
     {
@@ -171,6 +176,11 @@ class MemoryOperation:
     response: str | None
     request: str | None = None
     params: tuple[Parameter, ...] = ()
+    # Stores (admitted against the storage quota, and sent the pod's write parameters: cap, TTL, redactors).
+    writes: bool = False
+    # Its name among the memory operations of OpenTelemetry's GenAI semantic conventions (in development:
+    # ``gen_ai.operation.name``), where one fits; its spans carry it beside ``memory.*`` (docs/observability.md).
+    genai: str | None = None
 
     @property
     def on_conversation(self) -> bool:
@@ -186,11 +196,17 @@ CONVERSATION_ID = Parameter(
     "Conversation id (sessionmem_core.ids): percent-encoded UTF-8; NFC and NFD forms are two ids",
     required=True,
 )
-_PAGE_CURSOR = Parameter(
+_IF_MATCH = Parameter(
+    IF_MATCH_HEADER,
+    "header",
+    {"type": "string"},
+    "Expected version (as returned by a read); '*' or absent: any. A mismatch is a 412 version_conflict",
+)
+_CATALOGUE_CURSOR = Parameter(
     "cursor",
     "query",
-    {"type": "string", "minLength": 1, "maxLength": 20, "pattern": "^[0-9]{1,20}$", "default": "0"},
-    "Where the page starts (the nextCursor of the page before)",
+    {"type": "string", "minLength": 1, "maxLength": 30, "pattern": "^[0-9]{1,20}(-[0-9]{1,9})?$", "default": "0"},
+    "Where the page starts (the nextCursor of the page before; 0: the newest)",
 )
 
 MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
@@ -219,6 +235,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
                 "Also return the rolling summary of older turns",
             ),
         ),
+        genai="search_memory",
     ),
     MemoryOperation(
         "append",
@@ -227,6 +244,17 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "Append a batch (normally one user/assistant exchange) atomically",
         "AppendResponse",
         "AppendRequest",
+        writes=True,
+        params=(
+            Parameter(
+                IDEMPOTENCY_KEY_HEADER,
+                "header",
+                {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9._:-]+$"},
+                "A retry with the same key (inside the retry window) is answered as its original was: "
+                "duplicate, nothing stored, whatever the ids; entry ids may then repeat",
+            ),
+        ),
+        genai="update_memory",
     ),
     MemoryOperation(
         "search",
@@ -243,8 +271,16 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
                 "At most this many matches",
             ),
         ),
+        genai="search_memory",
     ),
-    MemoryOperation("export", "GET", f"{CONVERSATION_PATH_TEMPLATE}/export", "Export a conversation", "History"),
+    MemoryOperation(
+        "export",
+        "GET",
+        f"{CONVERSATION_PATH_TEMPLATE}/export",
+        "Export a conversation",
+        "History",
+        genai="search_memory",
+    ),
     MemoryOperation(
         "info",
         "GET",
@@ -259,28 +295,83 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "Replace (seed) a conversation, conditional on its version",
         "ReplaceResponse",
         "ReplaceRequest",
-        params=(
-            Parameter(
-                "if-match", "header", {"type": "string"}, "Expected version (as returned by a read); '*' or absent: any"
-            ),
-        ),
+        writes=True,
+        params=(_IF_MATCH,),
+        genai="upsert_memory",
     ),
-    MemoryOperation("delete", "DELETE", CONVERSATION_PATH_TEMPLATE, "Erase a conversation", "DeleteResponse"),
+    MemoryOperation(
+        "delete",
+        "DELETE",
+        CONVERSATION_PATH_TEMPLATE,
+        "Erase a conversation, conditional on its version",
+        "DeleteResponse",
+        params=(_IF_MATCH,),
+        genai="delete_memory",
+    ),
+    MemoryOperation(
+        "pop",
+        "POST",
+        f"{CONVERSATION_PATH_TEMPLATE}/pop",
+        "Remove the newest entry atomically, conditional on the version; the version moves on (a write)",
+        "PopResponse",
+        params=(_IF_MATCH,),
+        genai="update_memory",
+    ),
+    MemoryOperation(
+        "rewind",
+        "POST",
+        f"{CONVERSATION_PATH_TEMPLATE}/rewind",
+        "Drop the entries written after a version, conditional on the version; the version moves on (a write)",
+        "RewindResponse",
+        "RewindRequest",
+        params=(_IF_MATCH,),
+        genai="update_memory",
+    ),
+    MemoryOperation(
+        "compact",
+        "POST",
+        f"{CONVERSATION_PATH_TEMPLATE}/compact",
+        "Record a summary of the entries up to a version, keeping them: a read with summary=true answers it and "
+        "the entries after that version; an export answers both",
+        "CompactResponse",
+        "CompactRequest",
+        writes=True,
+        genai="update_memory",
+    ),
+    MemoryOperation(
+        "fork",
+        "POST",
+        f"{CONVERSATION_PATH_TEMPLATE}/fork",
+        "Copy the entries written at or before a version into a new conversation of the same scope and bucket",
+        "ForkResponse",
+        "ForkRequest",
+        writes=True,
+        genai="create_memory",
+    ),
     MemoryOperation(
         "list",
         "GET",
         CONVERSATIONS_PATH,
-        "List the caller's conversations (paginated)",
+        "List the caller's conversations (the agent's own, or the end user's bucket), newest write first, "
+        "with their metadata (paginated)",
         "ConversationList",
         params=(
             Parameter(
                 LIMIT_PARAM,
                 "query",
                 {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
-                "Page size hint (Valkey SCAN): a page may hold more or fewer",
+                "At most this many conversations per page",
             ),
-            _PAGE_CURSOR,
+            _CATALOGUE_CURSOR,
         ),
+    ),
+    MemoryOperation(
+        "metadata",
+        "PATCH",
+        f"{CONVERSATION_PATH_TEMPLATE}/metadata",
+        "Set a conversation's title and labels in the catalogue (a field left out is kept; null clears it)",
+        "ConversationRef",
+        "MetadataRequest",
     ),
     MemoryOperation(
         "clear",
@@ -303,6 +394,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         USER_CONVERSATIONS_PATH,
         "Erase everything of the end user the call acts for, across the agent's conversations",
         "UserErasure",
+        genai="delete_memory",
     ),
 )
 MEMORY_OPERATION = {operation.op: operation for operation in MEMORY_OPERATIONS}

@@ -12,6 +12,8 @@ from sessionmem_core.ids import ConversationId
 from sessionmem_core.keys import (
     Owner,
     Scope,
+    bucket_of,
+    catalogue_keys,
     conversation_of,
     per_user_prefix,
     session_prefix,
@@ -111,6 +113,12 @@ def conversation_key(space: str, conversation: ConversationId) -> str:
     return space + conversation
 
 
+def sibling_key(key: str, conversation: ConversationId, other: ConversationId) -> str:
+    """The key of conversation ``other`` in the same space (scope and user bucket) as ``key``, which is
+    ``conversation``'s: where a fork goes."""
+    return key[: len(key) - len(conversation)] + other
+
+
 def keys_under(space: str) -> str:
     """The SCAN pattern of every key in a space."""
     return space + "*"
@@ -140,6 +148,18 @@ def bucket_and_conversation(owner: Owner, key: str) -> tuple[str | None, str] | 
     return conversation_of(session_prefix(owner), key)
 
 
-def usage_keys_of(conversation_key: str) -> tuple[str, str]:
-    """The accounting keys (expiries, sizes) of the space a conversation counts against."""
-    return usage_keys(usage_space(conversation_key))
+def usage_keys_of(conversation_key: str) -> tuple[str, ...]:
+    """The accounting keys (expiries, sizes) of the space a conversation counts against, then its
+    catalogue's (metadata, summaries, the index it is listed in): one Cluster slot."""
+    return (*usage_keys(usage_space(conversation_key)), *catalogue_keys(conversation_key))
+
+
+def listing_key(space: str) -> str:
+    """A key standing for any conversation directly under a space prefix (an agent's, a user bucket's, a
+    registry's): its ``usage_keys_of`` are that listing's accounting and catalogue keys."""
+    return space + "_"
+
+
+def bucket_of_space(key_or_space: str) -> str | None:
+    """The user bucket a conversation key or a space prefix lives in (perUser), None for any other."""
+    return bucket_of(key_or_space)
