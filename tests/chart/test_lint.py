@@ -35,6 +35,7 @@ from sessionmem_client.kubectl.agents import PROXY_SERVICE_NAMING
 from sessionmem_core import api, env, kube
 from sessionmem_core.env import ProxySettings
 from sessionmem_operator.config import OperatorConfig
+from sessionmem_proxy.keying import listing_key, usage_keys_of
 from sessionmem_proxy.quotas import QuotaLimits
 from sessionmem_proxy.store import ConversationStore, NewEntry, UsageLedger
 from sessionmem_proxy.valkey_client import cluster_seeds, connect
@@ -1084,7 +1085,8 @@ async def test_valkey_acl_lets_the_store_work_and_nothing_else(chart_valkey: tup
     try:
         exercised = {
             *("append", "read", "read_with_summary", "info", "scan", "read_all", "read_range", "replace"),
-            *("delete", "ping"),
+            *("delete", "ping", "pop", "rewind", "create", "compact", "summary_of", "catalogue_page"),
+            "set_metadata",
         }
         public = {name for name, _ in inspect.getmembers(ConversationStore, inspect.iscoroutinefunction)}
         public = {name for name in public if not name.startswith("_")}
@@ -1102,7 +1104,20 @@ async def test_valkey_acl_lets_the_store_work_and_nothing_else(chart_valkey: tup
         assert len(await store.read_range(key, 0, 15)) == 1
         replaced = await store.replace(key, [NewEntry("user", "seed")], "team/agent", 1, 10, 60, _QUOTA)
         assert replaced.version == 2
-        assert await store.delete(key) == 1
+        for text in ("two", "three", "four"):
+            await store.append(key, [NewEntry("assistant", text)], "team/agent", 10, 60, _QUOTA)
+        assert (await store.pop(key)).raw_entry is not None
+        assert (await store.rewind(key, 3)).removed == 1
+        assert await store.compact(key, NewEntry("system", "summary"), "team/agent", 2, _QUOTA) >= 3
+        assert await store.summary_of(key) is not None
+        fork = "mem:team/agent:c2"
+        assert (await store.create(fork, (await store.read_all(key)).raw_entries, 10, 60, _QUOTA)).stored == 2
+        assert await store.set_metadata(fork, (True, "a title"), (False, None)) is not None
+        expiries, _sizes, meta, _summaries, index = usage_keys_of(listing_key("mem:team/agent:"))
+        page = await store.catalogue_page(index, expiries, meta, None, 10)
+        assert {record.key for record in page.records} == {key, fork}
+        assert await store.delete(fork) == 2  # the entries it held
+        assert await store.delete(key) == 2
         assert store.ledger is not None and (await store.ledger.peek(key)).conversations == 0
     finally:
         await client.aclose()
