@@ -16,7 +16,7 @@ from sessionmem_core import api, env
 from sessionmem_core.keys import Owner, session_key
 from sessionmem_launcher.server import Launcher
 from tests.conftest import launcher_settings
-from tests.support.conversations import BAD_IDS, exchange
+from tests.support.conversations import BAD_IDS, bad_id_error, exchange
 from tests.support.processes import ServiceProcess
 from tests.support.serving import serve_in_background
 from tests.support.valkey import ValkeyProcess, free_port
@@ -45,7 +45,7 @@ async def test_every_bad_conversation_id_is_a_typed_400_at_the_launcher(launcher
             body = orjson.dumps(exchange("x")) if method == "POST" else None
             response = await client.request(method, path, content=body)
             assert response.status_code == 400, (method, path, response.text)
-            assert response.json()["error"]["type"] == "invalid_conversation_id"
+            assert response.json()["error"]["type"] == bad_id_error(bad_id)
 
 
 async def test_a_bad_conversation_id_header_is_a_typed_400_in_the_managed_loop(launcher: Launcher) -> None:
