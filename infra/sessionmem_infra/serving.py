@@ -10,6 +10,8 @@ URL length (414), body size (413) and body timeout (408); the app counts its req
 
 from __future__ import annotations
 
+import resource
+
 from granian.http import HTTP1Settings
 from granian.rsgi import HTTPProtocol, ProtocolClosed, ProtocolError, Scope
 
@@ -67,10 +69,40 @@ def http1_settings(limits: ServingLimits) -> HTTP1Settings:
 
 
 def open_connections(limits: ServingLimits) -> int:
-    """granian's cap on requests it hands the app (its ``backpressure``; further ones wait in the listen
-    backlog). Twice the requests allowed in flight, so a request over that limit still reaches the app
-    and gets its typed 503 instead of waiting unanswered."""
-    return 2 * limits.max_connections
+    """granian's cap on the connections a worker holds open (its ``backpressure``: a permit taken before
+    each accept and held for the connection's life; further ones wait in the listen backlog). Twice the
+    requests allowed in flight, so a request over that limit still reaches the app and gets its typed 503
+    instead of waiting unanswered; and never more than the process's file descriptors allow.
+
+    Past its descriptor limit granian's accept loop spins: accept fails (EMFILE), the permit is given
+    back, and accept is tried again at once, leaving the connection in the backlog and the worker's CPU
+    busy (docs/limits.md). Capped below that limit it never reaches it: the connections past the cap wait
+    in the backlog with no CPU spent on them."""
+    return max(1, min(2 * limits.max_connections, descriptor_limit() - RESERVED_DESCRIPTORS))
+
+
+# Descriptors a server process keeps for what is not a client's connection: its listening sockets, its
+# Valkey, Kubernetes API and telemetry connections, its logs and the runtime's own files.
+RESERVED_DESCRIPTORS = 128
+
+
+def descriptor_limit() -> int:
+    """How many files this process may hold open, its soft limit first raised to the hard one (which
+    needs no privilege): a container's default soft limit is often far below what it is allowed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return _UNBOUNDED
+    target = _UNBOUNDED if hard == resource.RLIM_INFINITY else hard
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError):
+            pass  # the kernel's own ceiling (fs.nr_open) is lower: keep the soft limit
+    return soft
+
+
+_UNBOUNDED = 1 << 20
 
 
 class BodyMeter:
