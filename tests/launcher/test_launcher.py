@@ -198,3 +198,19 @@ async def test_the_serving_port_is_ready_only_while_the_agent_listens(
         await instance.stop()
     assert before.status_code == 502 and before.json()["error"]["type"] == "agent_unavailable"
     assert after.status_code == 200
+
+
+async def test_spans_of_calls_the_launcher_refuses_itself_carry_the_scope(
+    launcher: Launcher, span_exporter: InMemorySpanExporter
+) -> None:
+    """A bad id, a write without a body, a turn handle that is not live: each refused by the launcher before
+    anything reaches the proxy, each a failed span that still says which scope was asked for."""
+    async with httpx.AsyncClient(base_url=memory_url(launcher)) as client:
+        bad_id = await client.get("/v1/conversations/a:b/entries")
+        no_body = await client.post("/v1/conversations/c/entries")
+        dead_turn = await client.get("/v1/conversations/c/entries", headers={api.TURN_HEADER: "not-live"})
+    assert [r.status_code for r in (bad_id, no_body, dead_turn)] == [400, 400, 401]
+    spans = [dict(s.attributes or {}) for s in span_exporter.get_finished_spans()]
+    assert len(spans) == 3
+    for attributes in spans:
+        assert attributes["memory.outcome"] != "ok" and attributes["memory.scope"] == "session", attributes
