@@ -23,21 +23,38 @@ from sessionmem_proxy.params import (
     SearchParams,
 )
 from sessionmem_proxy.replies import Reply, memory_reply, model_reply
-from sessionmem_proxy.store import search_entries
+from sessionmem_proxy.store import READ_ANSWER_BYTES, SearchRanking
 
 
 async def search(ctx: ProxyContext, p: SearchParams, _: BaseModel | None) -> Reply:
+    """Keyword search over the whole conversation, read a page at a time as an export is (``export_page``):
+    each page is charged to the agent's transfer rate as it is read, and the next read only once the
+    agent's bucket is out of debt (``Quotas.pace``), so a search costs what an export of the same
+    conversation does; at most ``STREAMS_PER_AGENT`` of an agent's searches and export pages run at once
+    in a worker. The answer keeps the best matches that fit in ``READ_ANSWER_BYTES``."""
+    quotas = ctx.quotas
     async with operation(ctx, "search", p) as op:
-        result = await ctx.store.read_all(op.key)
-        matches = search_entries(result.raw_entries, p.q, p.limit)
-        op.span.entries, op.span.version = len(matches), result.version
+        owner = op.identity.owner
+        ranking = SearchRanking(p.q, p.limit)
+        end = quotas.open_stream(owner)
+        try:
+            length, version, _ttl = await ctx.store.info(op.key)
+            offset: int | None = 0 if ranking.searching and length else None
+            while offset is not None:
+                page, offset = await export_page(ctx.store, op.key, offset, length)
+                await quotas.pace(owner, sum(map(len, page)))
+                ranking.add(page)
+        finally:
+            end()
+        matches = ranking.best(READ_ANSWER_BYTES)
+        op.span.entries, op.span.version = len(matches), version
         response = wire.SearchResponse(
             conversationId=op.conversation,
             scope=op.scope,
             query=p.q,
             matches=[wire.Entry.model_validate(m) for m in matches],
         )
-        return memory_reply(response, op.scope, len(matches), result.version)
+        return memory_reply(response, op.scope, len(matches), version)
 
 
 def _parse_if_match(if_match: str | None) -> int | None:

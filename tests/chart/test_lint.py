@@ -894,7 +894,7 @@ def _store_commands() -> set[str]:
     source = STORE_SOURCE.read_text(encoding="utf-8")
     inside = {m.lower() for m in re.findall(r"redis\.call\('([A-Za-z]+)'", source)}
     direct = {m.lower() for m in re.findall(r"self\._client\.([a-z]+)\(", source)} - {"register_script"}
-    return inside | direct | {"evalsha", "script|load"}
+    return inside | direct | {"evalsha", "evalsha_ro", "script|load"}
 
 
 def _acl_commands(config_map: Doc) -> set[str]:

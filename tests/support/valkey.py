@@ -70,6 +70,11 @@ class ValkeyProcess:
         return f"valkey://127.0.0.1:{self.port}/0"
 
     @property
+    def pid(self) -> int:
+        assert self._proc is not None, "not started"
+        return self._proc.pid
+
+    @property
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
 
