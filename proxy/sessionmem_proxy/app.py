@@ -253,7 +253,7 @@ def create_app(
         redaction=Redaction.from_json(settings.redact_patterns),
         tracer=MemoryTracer(tracer_provider or tracer_provider_from_env("sessionmem-proxy"), "proxy"),
         metrics=ProxyMetrics(),
-        quotas=Quotas(limits, store.ledger),
+        quotas=Quotas(limits, store.ledger, rate_share=settings.quota_rate_share),
         openapi=_openapi_document,
         admin=admin,
     )
