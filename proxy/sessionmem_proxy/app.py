@@ -109,9 +109,11 @@ class ProxyApp:
         try:
             values = parse(route.params, RawRequest(path_values, dict(api.parse_query(query)), headers))
             if route.request is None:
+                if hasattr(values, "verified"):  # an operation of an agent: verified before it takes a slot
+                    values.verified = await self._verify(route, headers, upload=False)
                 return await self._in_slot(route, values, None)
             try:
-                uploader = await self._admit_upload(route, headers)
+                uploader = await self._verify(route, headers, upload=True)
             except SessionMemError as exc:
                 # The body stays unread: the connection cannot carry another request.
                 refused = _typed(exc)
@@ -156,15 +158,17 @@ class ProxyApp:
             if route.counted:
                 self.in_flight.leave()
 
-    async def _admit_upload(self, route: Route[Any], headers: Mapping[str, str]) -> AgentIdentity:
-        """The caller of a route with a body, verified, and its transfer quota checked, before the body is
-        read: a stranger is refused (401/403, the connection closed) and an agent whose bucket is in
-        debt gets its 429, both without the proxy reading or parsing what they send. The refusal is
-        observed as the operation's outcome, as the operation would have."""
+    async def _verify(self, route: Route[Any], headers: Mapping[str, str], upload: bool) -> AgentIdentity:
+        """The calling agent, verified before its request takes a slot; for a route with a body
+        (``upload``) also its transfer quota, checked before the body is read: a stranger is refused
+        (401/403, the connection closed) and an agent whose bucket is in debt gets its 429, both without
+        the proxy reading or parsing what they send. The refusal is observed as the operation's outcome,
+        as the operation would have."""
         started = time.perf_counter()
         try:
             identity = await identify(self.ctx, headers.get("authorization"))
-            await self.ctx.quotas.admit_upload(identity.owner)
+            if upload:
+                await self.ctx.quotas.admit_upload(identity.owner)
         except SessionMemError as exc:
             self.ctx.metrics.observe(route.op, exc.error_type, (time.perf_counter() - started) * 1000.0)
             raise
