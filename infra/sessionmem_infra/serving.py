@@ -37,12 +37,12 @@ JSON_HEADERS = [("content-type", JSON)]
 _CLOSING = frozenset({408, 413, 414, 431})
 CONNECTION_CLOSE = ("connection", "close")
 # Header fields a request may carry once only: who calls, for which scope, turn or conversation, and how
-# the request is framed (``_refuse_repeated``).
+# the request is framed (``_refuse_repeated``). Content-Length is hyper's: it refuses two different values
+# and keeps one of a repeated one.
 SINGLE_VALUED = frozenset(
     {
         "authorization",
         "host",
-        "content-length",
         "transfer-encoding",
         "expect",
         "content-type",
@@ -237,17 +237,14 @@ def _refuse_repeated(fields: list[tuple[str, str]]) -> None:
 def check_framing(by_name: dict[str, str], http_version: str) -> None:
     """RFC 9112 as a server must apply it where hyper is lenient (docs/limits.md): an HTTP/1.1 request
     without Host is refused (3.2); a transfer coding other than ``chunked`` alone (``identity``,
-    ``gzip, chunked``, ``chunked`` twice) is refused with a 400 rather than the 501 the RFC suggests, as
-    is a request with both Transfer-Encoding and Content-Length (6.1: the server may, and must close)."""
+    ``gzip, chunked``, ``chunked`` twice) is refused with a 400 rather than the 501 the RFC suggests for a
+    coding not understood. (hyper itself frames a request with both Transfer-Encoding and Content-Length
+    by the former, drops the latter and closes the connection after the answer, as 6.1 allows.)"""
     if http_version == "1.1" and "host" not in by_name:
         raise MalformedRequest("an HTTP/1.1 request needs a Host header field")
     coding = by_name.get("transfer-encoding")
-    if coding is None:
-        return
-    if coding.strip().lower() != "chunked":
+    if coding is not None and coding.strip().lower() != "chunked":
         raise MalformedRequest(f"Transfer-Encoding {coding!r}: only a single 'chunked' is accepted")
-    if "content-length" in by_name:
-        raise MalformedRequest("a request may not carry both Transfer-Encoding and Content-Length")
 
 
 def check_path(path: str) -> None:
