@@ -12,7 +12,7 @@ import orjson
 from pydantic import BaseModel
 
 from sessionmem_core import wire
-from sessionmem_proxy.context import ProxyContext, conversation_operation
+from sessionmem_proxy.context import Operation, ProxyContext, conversation_operation
 from sessionmem_proxy.params import AppendParams, OnConversation, ReadParams
 from sessionmem_proxy.replies import Reply, memory_reply
 from sessionmem_proxy.store import EntryToStore, NewEntry
@@ -25,12 +25,18 @@ def operation(ctx: ProxyContext, op: str, p: OnConversation) -> conversation_ope
     )
 
 
-async def new_entries(ctx: ProxyContext, entries: Sequence[wire.EntryIn], redact: str) -> Sequence[EntryToStore]:
-    """The entries to store: the request's own, or redacted copies when the request asks for redaction."""
+async def new_entries(
+    ctx: ProxyContext, op: Operation, entries: Sequence[wire.EntryIn], redact: str
+) -> Sequence[EntryToStore]:
+    """The entries to store: the request's own, or redacted copies when the request asks for redaction.
+    The redaction's CPU time is charged to the agent's transfer rate (``Quotas.charge_cpu``): it is work
+    the proxy does for that agent alone, which its body size does not measure (card-like digits cost
+    about a CPU-second per 0.75 MiB)."""
     redactor = ctx.redaction.chain(redact.split(",")) if redact else None
     if redactor is None:
         return entries
-    contents = await ctx.redaction.apply(redactor, [e.content for e in entries])
+    contents, cpu_seconds = await ctx.redaction.apply(redactor, [e.content for e in entries])
+    ctx.quotas.charge_cpu(op.identity.owner, op.limits, cpu_seconds)
     return [NewEntry(role=e.role.value, content=c, id=e.id) for e, c in zip(entries, contents, strict=True)]
 
 
@@ -64,7 +70,7 @@ async def append_entries(ctx: ProxyContext, p: AppendParams, body: BaseModel | N
     async with operation(ctx, "append", p) as op:
         result = await ctx.store.append(
             op.key,
-            await new_entries(ctx, body.entries, p.redact),
+            await new_entries(ctx, op, body.entries, p.redact),
             author=op.identity.owner.author,
             cap=p.cap,
             ttl_seconds=p.ttl_seconds,

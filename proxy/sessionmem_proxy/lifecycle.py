@@ -73,7 +73,7 @@ async def replace(ctx: ProxyContext, p: ReplaceParams, body: BaseModel | None) -
         _refuse_on_shared(op.scope)
         result = await ctx.store.replace(
             op.key,
-            await new_entries(ctx, body.entries, p.redact),
+            await new_entries(ctx, op, body.entries, p.redact),
             author=op.identity.owner.author,
             expected_version=expected,
             cap=p.cap,

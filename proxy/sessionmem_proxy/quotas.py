@@ -56,6 +56,8 @@ WRITES = frozenset({"append", "replace"})
 PACED = frozenset({"export"})
 _REMEMBERED = 10_000
 STREAMS_PER_AGENT = 2
+# How many seconds of its transfer rate one CPU-second of work done for an agent alone (redaction) costs it.
+CPU_SECOND_COST = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +245,12 @@ class Quotas:
         bucket = self._transfers.get(owner)
         if bucket is not None:
             bucket.tokens -= size
+
+    def charge_cpu(self, owner: Owner, limits: QuotaLimits, seconds: float) -> None:
+        """CPU spent for the agent alone beyond moving its bytes (redaction): each CPU-second costs
+        ``CPU_SECOND_COST`` seconds of its transfer rate, so at most about 1/CPU_SECOND_COST of a core per
+        agent and worker is spent that way over time, and a burst of it puts the agent in debt."""
+        self.charge(owner, int(seconds * CPU_SECOND_COST * self._transfer_rate(limits)[0]))
 
     async def pace(self, owner: Owner, size: int) -> None:
         """Charge one export page, then wait until the agent's bucket is out of debt."""
