@@ -4,9 +4,12 @@ The victim (one agent) reads the last 40 entries of its conversations on one kee
 request at a time and paced at a rate a busy agent's turns reach, well inside its quota. It is measured in
 alternating rounds of the same length: on a quiet proxy, and while a second agent, in a process of its own,
 runs big exports of a huge conversation, appends of the largest body the proxy accepts, and a burst of reads
-at ten times the victim's own rate. The figure is the victim's p99 under noise as a ratio of its quiet p99,
-each over the samples of every round; the report also gives what the noisy tenant was answered (its 429s
-and 507s are the quotas doing their work).
+at ten times the victim's own rate, reads of its last 500 entries (~24 MiB stored, answered at most 4 MiB)
+and searches of the whole conversation. The figure is the victim's p99 under noise as a ratio of its quiet
+p99, each over the samples of every round; the report also gives what the noisy tenant was answered (its
+429s and 507s are the quotas doing their work). A second figure is the victim's p99 while strangers (no
+credentials) hold connections open with request heads that promise a body and never send it, about a
+thousand at once, reopened ~70 a second (``flood``), as a ratio of the same quiet p99.
 
 ``python -m bench.noisy`` runs it on its own (the proxy and a valkey-server of its own, then prints the
 figures); ``make bench`` runs it as the ``noisy`` section.
@@ -18,6 +21,7 @@ import argparse
 import http.client
 import json
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +50,10 @@ APPENDERS = 2
 BURST_FACTOR = 10
 VICTIM_RPS = 100.0
 ROUNDS = 3
+# The strangers' flood: connections held at once, and how many are reopened a second.
+FLOOD_CONNECTIONS = 1030
+FLOOD_REOPEN_PER_SECOND = 70.0
+FLOOD_THREADS = 8
 
 
 @dataclass
@@ -66,6 +74,10 @@ class NoisyResult:
     noisy_answers: dict[str, int] = field(default_factory=dict)
     proxy_workers: int = 2
     rounds: int = 1
+    # The victim while strangers hold request heads open (``flood``), and that p99 over the quiet one.
+    flood: VictimRun | None = None
+    flood_p99_ratio: float | None = None
+    flood_connections: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -212,6 +224,10 @@ def hammer(port: int, seconds: float, burst_rps: float) -> dict[str, int]:
         )
         for t in range(APPENDERS)
     ]
+    big_read = f"{api.entries_path('huge')}?limit={HUGE_ENTRIES}"
+    search = f"{api.search_path('huge')}?q=needle&limit=50"
+    threads.append(threading.Thread(target=loop, args=("bigread", "GET", lambda n: big_read, None, 0)))
+    threads.append(threading.Thread(target=loop, args=("search", "GET", lambda n: search, None, 0)))
     burst_path = f"{api.entries_path('huge')}?limit={VICTIM_ENTRIES}"
     threads.append(
         threading.Thread(target=loop, args=("burst", "GET", lambda n: burst_path, None, 1.0 / max(burst_rps, 1.0)))
@@ -221,6 +237,68 @@ def hammer(port: int, seconds: float, burst_rps: float) -> dict[str, int]:
     for thread in threads:
         thread.join()
     return dict(answers)
+
+
+def flood(port: int, seconds: float) -> dict[str, int]:
+    """Strangers: request heads without credentials that declare a 100-byte body and never send it,
+    ``FLOOD_CONNECTIONS`` of them held at once, the oldest closed and a new one opened
+    ``FLOOD_REOPEN_PER_SECOND`` times a second, until ``seconds`` have passed. Returns how many were
+    opened and how many the proxy had closed by the time the flood closed them."""
+    head = (
+        b"POST " + api.entries_path("held").encode() + b" HTTP/1.1\r\nHost: proxy\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    )
+    counts: Counter[str] = Counter()
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+    per_thread = FLOOD_CONNECTIONS // FLOOD_THREADS
+    pause = FLOOD_THREADS / FLOOD_REOPEN_PER_SECOND
+
+    def opened() -> socket.socket | None:
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            sock.sendall(head)
+        except OSError:
+            with lock:
+                counts["refused"] += 1
+            return None
+        with lock:
+            counts["opened"] += 1
+        return sock
+
+    def close(sock: socket.socket) -> None:
+        sock.setblocking(False)
+        try:
+            sock.recv(65536, socket.MSG_PEEK)  # an answer, or b"" once the proxy closed it
+            closed_by_proxy = True
+        except BlockingIOError:
+            closed_by_proxy = False
+        except OSError:
+            closed_by_proxy = True
+        with lock:
+            counts["answered or closed by the proxy" if closed_by_proxy else "still waiting"] += 1
+        sock.close()
+
+    def hold() -> None:
+        held: list[socket.socket] = []
+        while len(held) < per_thread and time.monotonic() < deadline:
+            if (sock := opened()) is not None:
+                held.append(sock)
+        while time.monotonic() < deadline:
+            if held:
+                close(held.pop(0))
+            if (sock := opened()) is not None:
+                held.append(sock)
+            time.sleep(pause)
+        for sock in held:
+            close(sock)
+
+    threads = [threading.Thread(target=hold) for _ in range(FLOOD_THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return dict(counts)
 
 
 def hammer_priority() -> list[str]:
@@ -247,7 +325,8 @@ def run(valkey_url: str, seconds: float, workers: int = 2, rounds: int = ROUNDS)
     argv = [sys.executable, "-m", "sessionmem_proxy", "--workers", str(workers)]
     svc = HttpService(f"proxy-w{workers}", argv, proxy_env, port)
     svc.start()
-    quiet, noisy, answers = VictimSamples(), VictimSamples(), Counter[str]()
+    quiet, noisy, flooded, answers = VictimSamples(), VictimSamples(), VictimSamples(), Counter[str]()
+    flood_counts: Counter[str] = Counter()
     try:
         seed(port)
         measure_victim(port, min(1.0, seconds / 3))  # warm-up
@@ -256,17 +335,33 @@ def run(valkey_url: str, seconds: float, workers: int = 2, rounds: int = ROUNDS)
             noisy_sample, answered = _under_noise(port, seconds)
             noisy.add(noisy_sample)
             answers.update(answered)
+            flood_sample, flood_answered = _under_noise(port, seconds, "flood")
+            flooded.add(flood_sample)
+            flood_counts.update(flood_answered)
     finally:
         svc.stop()
-    quiet_run, noisy_run = quiet.summary(), noisy.summary()
+    quiet_run, noisy_run, flood_run = quiet.summary(), noisy.summary(), flooded.summary()
     ratio = noisy_run.p99_ms / quiet_run.p99_ms if quiet_run.p99_ms else float("inf")
-    return NoisyResult(quiet_run, noisy_run, round(ratio, 2), dict(answers), workers, rounds)
+    flood_ratio = flood_run.p99_ms / quiet_run.p99_ms if quiet_run.p99_ms else float("inf")
+    answers.update({f"flood {kind}": count for kind, count in flood_counts.items()})
+    return NoisyResult(
+        quiet_run,
+        noisy_run,
+        round(ratio, 2),
+        dict(answers),
+        workers,
+        rounds,
+        flood_run,
+        round(flood_ratio, 2),
+        flood_counts.get("opened", 0),
+    )
 
 
-def _under_noise(port: int, seconds: float) -> tuple[VictimSamples, dict[str, int]]:
-    """The victim measured while the noisy tenant, a process of its own, hammers the proxy."""
+def _under_noise(port: int, seconds: float, kind: str = "hammer") -> tuple[VictimSamples, dict[str, int]]:
+    """The victim measured while the noisy tenant (``hammer``) or the strangers (``flood``), a process of
+    their own, load the proxy."""
     noisy_proc = subprocess.Popen(
-        [*hammer_priority(), sys.executable, "-m", "bench.noisy", "hammer", "--port", str(port),
+        [*hammer_priority(), sys.executable, "-m", "bench.noisy", kind, "--port", str(port),
          "--seconds", str(seconds + 1.0), "--burst-rps", str(VICTIM_RPS * BURST_FACTOR)],
         cwd=REPO, env=base_env({}), stdout=subprocess.PIPE,
     )  # fmt: skip
@@ -289,12 +384,19 @@ def main() -> None:
     hammer_args.add_argument("--port", type=int, required=True)
     hammer_args.add_argument("--seconds", type=float, required=True)
     hammer_args.add_argument("--burst-rps", type=float, required=True)
+    flood_args = sub.add_parser("flood", help="be the strangers holding request heads (used by the benchmark)")
+    flood_args.add_argument("--port", type=int, required=True)
+    flood_args.add_argument("--seconds", type=float, required=True)
+    flood_args.add_argument("--burst-rps", type=float, default=0.0, help="unused (the same call as hammer)")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per round, quiet and noisy each")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="alternating quiet and noisy rounds, pooled")
     parser.add_argument("--workers", type=int, default=2, help="proxy worker processes")
     args = parser.parse_args()
     if args.command == "hammer":
         print(json.dumps(hammer(args.port, args.seconds, args.burst_rps)), flush=True)
+        return
+    if args.command == "flood":
+        print(json.dumps(flood(args.port, args.seconds)), flush=True)
         return
     valkey = Valkey()
     valkey.start()

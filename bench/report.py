@@ -181,6 +181,9 @@ def derive(results: dict[str, Any], baseline: dict[str, Any] | None = None) -> d
     noisy = results.get("noisy", {})
     return {
         "noisy_victim_p99_ratio": float(noisy["p99_ratio"]) if noisy.get("p99_ratio") is not None else None,
+        "flood_victim_p99_ratio": (
+            float(noisy["flood_p99_ratio"]) if noisy.get("flood_p99_ratio") is not None else None
+        ),
         "proxy_read_cpu_vs_baseline": cpu_vs_before("proxy.w1.read.c64", "proxy-w1"),
         "proxy_append_cpu_vs_baseline": cpu_vs_before("proxy.w1.append.c64", "proxy-w1"),
         "launcher_read_cpu_vs_baseline": cpu_vs_before("full.read.c64", "launcher"),
@@ -254,6 +257,12 @@ def targets(results: dict[str, Any], derived: dict[str, float | None]) -> list[T
         at_most("read(40): 500-entry / 40-entry history (p50 @1 conn)", derived["history_500_vs_40"], 1.2, "x"),
         at_least("proxy reads @64 conns: 2 workers / 1 worker", derived["proxy_read_w2_vs_w1"], 1.7),
         at_most("noisy neighbour: victim read p99 under noise / quiet", derived["noisy_victim_p99_ratio"], 2.0, "x"),
+        at_most(
+            "strangers holding request heads: victim read p99 under the flood / quiet",
+            derived["flood_victim_p99_ratio"],
+            2.0,
+            "x",
+        ),
         at_most(f"proxy CPU per read @64 conns vs {BASELINE_LABEL}", derived["proxy_read_cpu_vs_baseline"], 1.5, "x"),
         at_most(
             f"proxy CPU per append @64 conns vs {BASELINE_LABEL}", derived["proxy_append_cpu_vs_baseline"], 1.5, "x"
@@ -428,7 +437,11 @@ def _noisy_rows(results: dict[str, Any]) -> list[list[str]]:
             f"{run['p99_ms']:.3f}",
             f"{run['max_ms']:.1f}",
         ]
-        for phase, run in (("quiet", noisy["quiet"]), ("while the neighbour is noisy", noisy["noisy"]))
+        for phase, run in (
+            ("quiet", noisy["quiet"]),
+            ("while the neighbour is noisy", noisy["noisy"]),
+            *((("while strangers hold request heads", noisy["flood"]),) if noisy.get("flood") else ()),
+        )
     ]
     answers = ", ".join(f"{k}: {v}" for k, v in sorted(noisy.get("noisy_answers", {}).items()))
     rows.append(["noisy tenant was answered", answers, "", "", "", ""])
@@ -440,6 +453,10 @@ BEFORE_AFTER_HEADERS = ["CPU per request", f"before: {BASELINE_LABEL}", "now", "
 
 DERIVED_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "noisy_victim_p99_ratio": ("noisy neighbour: victim read p99 under noise / quiet", lambda v: f"{v:.2f}x"),
+    "flood_victim_p99_ratio": (
+        "strangers holding request heads: victim read p99 under the flood / quiet",
+        lambda v: f"{v:.2f}x",
+    ),
     "proxy_read_vs_hello_w1_cpu": (
         "proxy read / hello world, 1 worker, from CPU per request (noise-robust)",
         lambda v: f"{v:.2f}x",

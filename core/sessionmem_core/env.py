@@ -133,6 +133,10 @@ QUOTA_BURST = "SESSIONMEM_QUOTA_BURST"
 # Bytes an agent moves through the proxy per second (bodies it sends, answers it reads; exports are paced
 # to it). The burst is twice the rate, and never less than two maximal bodies.
 QUOTA_BYTES_PER_SECOND = "SESSIONMEM_QUOTA_BYTES_PER_SECOND"
+# How many proxy worker processes of the Deployment, at most, split each agent's request and transfer rates
+# (replicas x workers per replica; with an autoscaler, its maxReplicas): each worker keeps its share of
+# every rate, so an agent's rate holds across the whole proxy Deployment, also when it scales.
+QUOTA_RATE_SHARE = "SESSIONMEM_QUOTA_RATE_SHARE"
 
 DEFAULT_QUOTA_CONVERSATIONS = 10_000
 DEFAULT_QUOTA_BYTES = 256 * 1024 * 1024
@@ -311,6 +315,7 @@ class ProxySettings:
     quota_requests_per_second: float = float(DEFAULT_QUOTA_REQUESTS_PER_SECOND)
     quota_burst: int = DEFAULT_QUOTA_BURST
     quota_bytes_per_second: int = DEFAULT_QUOTA_BYTES_PER_SECOND
+    quota_rate_share: int = 1
     limits: ServingLimits = ServingLimits()
 
     @classmethod
@@ -340,5 +345,6 @@ class ProxySettings:
             quota_requests_per_second=_float(env, QUOTA_REQUESTS_PER_SECOND, float(DEFAULT_QUOTA_REQUESTS_PER_SECOND)),
             quota_burst=_int(env, QUOTA_BURST, DEFAULT_QUOTA_BURST, 1, 1 << 30),
             quota_bytes_per_second=_int(env, QUOTA_BYTES_PER_SECOND, DEFAULT_QUOTA_BYTES_PER_SECOND, 1, 1 << 50),
+            quota_rate_share=_int(env, QUOTA_RATE_SHARE, 1, 1, 100_000),
             limits=ServingLimits.from_env(env),
         )

@@ -39,6 +39,18 @@ class InvalidMessageId(InvalidRequest):
     error_type = "invalid_message_id"
 
 
+class MalformedRequest(InvalidRequest):
+    """A request head the server will not frame or route as sent: a repeated field that decides identity,
+    scope, conversation or framing, no Host, a transfer coding other than ``chunked``, a path with
+    dot-segments. The connection is closed after the answer: what follows on it may not be framed as the
+    client meant."""
+
+    error_type = "malformed_request"
+
+    def headers(self) -> list[tuple[str, str]]:
+        return [("connection", "close")]
+
+
 class Unauthenticated(SessionMemError):
     error_type = "unauthenticated"
     status = 401

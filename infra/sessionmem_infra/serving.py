@@ -10,14 +10,17 @@ URL length (414), body size (413) and body timeout (408); the app counts its req
 
 from __future__ import annotations
 
-from granian.http import HTTP1Settings
-from granian.rsgi import Headers as HeaderFields
-from granian.rsgi import HTTPProtocol, ProtocolClosed, ProtocolError
+import resource
 
+from granian.http import HTTP1Settings
+from granian.rsgi import HTTPProtocol, ProtocolClosed, ProtocolError, Scope
+
+from sessionmem_core import api
 from sessionmem_core.env import ServingLimits
 from sessionmem_core.errors import (
     HeadersTooLarge,
     InvalidRequest,
+    MalformedRequest,
     PayloadTooLarge,
     RequestTimeout,
     SessionMemError,
@@ -33,6 +36,23 @@ JSON_HEADERS = [("content-type", JSON)]
 # Answers after which the connection is not reused: the request's body (or more) may be left unread on it.
 _CLOSING = frozenset({408, 413, 414, 431})
 CONNECTION_CLOSE = ("connection", "close")
+# Header fields a request may carry once only: who calls, for which scope, turn or conversation, and how
+# the request is framed (``_refuse_repeated``). Content-Length is hyper's: it refuses two different values
+# and keeps one of a repeated one.
+SINGLE_VALUED = frozenset(
+    {
+        "authorization",
+        "host",
+        "transfer-encoding",
+        "expect",
+        "content-type",
+        api.CONVERSATION_ID_HEADER,
+        api.USER_CAPABILITY_HEADER,
+        api.TURN_HEADER,
+        api.TRACEPARENT_HEADER,
+    }
+)
+_DOT_SEGMENTS = frozenset({".", ".."})
 _JSON_AND_CLOSE = [*JSON_HEADERS, CONNECTION_CLOSE]
 
 
@@ -49,10 +69,40 @@ def http1_settings(limits: ServingLimits) -> HTTP1Settings:
 
 
 def open_connections(limits: ServingLimits) -> int:
-    """granian's cap on requests it hands the app (its ``backpressure``; further ones wait in the listen
-    backlog). Twice the requests allowed in flight, so a request over that limit still reaches the app
-    and gets its typed 503 instead of waiting unanswered."""
-    return 2 * limits.max_connections
+    """granian's cap on the connections a worker holds open (its ``backpressure``: a permit taken before
+    each accept and held for the connection's life; further ones wait in the listen backlog). Twice the
+    requests allowed in flight, so a request over that limit still reaches the app and gets its typed 503
+    instead of waiting unanswered; and never more than the process's file descriptors allow.
+
+    Past its descriptor limit granian's accept loop spins: accept fails (EMFILE), the permit is given
+    back, and accept is tried again at once, leaving the connection in the backlog and the worker's CPU
+    busy (docs/limits.md). Capped below that limit it never reaches it: the connections past the cap wait
+    in the backlog with no CPU spent on them."""
+    return max(1, min(2 * limits.max_connections, descriptor_limit() - RESERVED_DESCRIPTORS))
+
+
+# Descriptors a server process keeps for what is not a client's connection: its listening sockets, its
+# Valkey, Kubernetes API and telemetry connections, its logs and the runtime's own files.
+RESERVED_DESCRIPTORS = 128
+
+
+def descriptor_limit() -> int:
+    """How many files this process may hold open, its soft limit first raised to the hard one (which
+    needs no privilege): a container's default soft limit is often far below what it is allowed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return _UNBOUNDED
+    target = _UNBOUNDED if hard == resource.RLIM_INFINITY else hard
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError):
+            pass  # the kernel's own ceiling (fs.nr_open) is lower: keep the soft limit
+    return soft
+
+
+_UNBOUNDED = 1 << 20
 
 
 class BodyMeter:
@@ -73,10 +123,11 @@ class RequestLimits:
         self.serving = serving
         self._body_deadlines = Deadlines(serving.body_timeout_seconds)
 
-    def check_head(self, path: str, query: str, headers: HeaderFields) -> dict[str, str]:
-        """The request's header fields by name (the last value of a repeated one); 414 for a URL over the
-        limit, 431 for too many header fields or too many header bytes, 400 for a field whose value is not
-        visible ASCII.
+    def check_head(self, scope: Scope) -> dict[str, str]:
+        """The request's header fields by name; 414 for a URL over the limit, 431 for too many header
+        fields or too many header bytes, 400 for a field whose value is not visible ASCII, and a
+        ``malformed_request`` 400 (closing the connection) for a head that is not framed or routed as one
+        reading of it (``check_framing``, ``check_path``).
 
         granian hands over the decoded path: its UTF-8 length is at most the raw target's (each escape
         is three bytes for one), and the raw head as a whole is bounded by hyper's buffer before this.
@@ -84,6 +135,7 @@ class RequestLimits:
         listing its name: a credential sent that way would silently become an absent one, so the
         request is refused instead."""
         limits = self.serving
+        path, query, headers = scope.path, scope.query_string, scope.headers
         if len(path.encode()) + len(query) + (1 if query else 0) > limits.max_url_bytes:
             raise UriTooLong(f"the request target exceeds {limits.max_url_bytes} bytes")
         fields = headers.items()
@@ -99,10 +151,19 @@ class RequestLimits:
         if len(names) != len(by_name):
             unreadable = sorted(set(names).difference(by_name))
             raise InvalidRequest(f"header field {', '.join(unreadable)}: the value is not visible ASCII")
+        if len(fields) != len(by_name):
+            _refuse_repeated(fields)
+        check_framing(by_name, scope.http_version)
+        check_path(path)
         return by_name
 
     async def read_body(
-        self, proto: HTTPProtocol, content_length: str | None, chunked: bool, meter: BodyMeter | None = None
+        self,
+        proto: HTTPProtocol,
+        content_length: str | None,
+        chunked: bool,
+        meter: BodyMeter | None = None,
+        expect_continue: bool = False,
     ) -> bytes:
         """The whole body, at most ``max_body_bytes``, all of it within ``body_timeout_seconds``.
         ``meter`` counts every byte taken, kept or dropped, also when this raises.
@@ -110,14 +171,24 @@ class RequestLimits:
         Over the limit (declared or counted) nothing more is kept, but what the client is still sending
         is read and dropped, up to as much again and within the body timeout: closing on unread bytes
         makes the kernel reset the connection, and a client still uploading would then never read its
-        413. Memory stays bounded by the limit; time by the body timeout."""
+        413. Memory stays bounded by the limit; time by the body timeout. A client that asked to be told
+        first (``Expect: 100-continue``, ``expect_continue``) is refused a declared length over the limit
+        before anything is read, so it never hears 100 Continue: hyper sends that only once the body is
+        first read.
+
+        A chunked body must end with its last chunk: granian hands over a body cut short (or carrying
+        trailers, which nothing here uses) as an empty chunk before the one that ends it, and either is
+        refused rather than taken for the whole body."""
         meter = meter or BodyMeter()
         declared = content_length is not None and content_length.isascii() and content_length.isdigit()
         if content_length == "0" or (not declared and not chunked):
             return b""  # nothing to wait for: asking granian for the body would cost a hand-off
         limit = self.serving.max_body_bytes
         too_large = declared and int(content_length or 0) > limit
+        if too_large and expect_continue:
+            raise PayloadTooLarge(f"request body would exceed {limit} bytes")
         chunks: list[bytes] = []
+        ends = 0
         try:
             with self._body_deadlines.timeout():
                 if declared and not too_large:
@@ -132,6 +203,9 @@ class RequestLimits:
                     meter.received = len(body)
                     return body
                 async for chunk in proto:
+                    if not chunk:
+                        ends += 1
+                        continue
                     meter.received += len(chunk)
                     too_large = too_large or meter.received > limit
                     if not too_large:
@@ -145,7 +219,43 @@ class RequestLimits:
                 ) from exc
         if too_large:
             raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        if ends > 1:
+            raise InvalidRequest("the chunked request body ended before its last chunk")
         return b"".join(chunks)
+
+
+def _refuse_repeated(fields: list[tuple[str, str]]) -> None:
+    """Fail-closed: two values of a field that decides who calls, for which scope or conversation, or how
+    the request is framed leave two readings of the request (hyper keeps both, a lookup takes one)."""
+    seen: set[str] = set()
+    for name, _value in fields:
+        if name in SINGLE_VALUED and name in seen:
+            raise MalformedRequest(f"header field {name} is repeated: it must be sent once")
+        seen.add(name)
+
+
+def check_framing(by_name: dict[str, str], http_version: str) -> None:
+    """RFC 9112 as a server must apply it where hyper is lenient (docs/limits.md): an HTTP/1.1 request
+    without Host is refused (3.2); a transfer coding other than ``chunked`` alone (``identity``,
+    ``gzip, chunked``, ``chunked`` twice) is refused with a 400 rather than the 501 the RFC suggests for a
+    coding not understood. (hyper itself frames a request with both Transfer-Encoding and Content-Length
+    by the former, drops the latter and closes the connection after the answer, as 6.1 allows.)"""
+    if http_version == "1.1" and "host" not in by_name:
+        raise MalformedRequest("an HTTP/1.1 request needs a Host header field")
+    coding = by_name.get("transfer-encoding")
+    if coding is not None and coding.strip().lower() != "chunked":
+        raise MalformedRequest(f"Transfer-Encoding {coding!r}: only a single 'chunked' is accepted")
+
+
+def check_path(path: str) -> None:
+    """A decoded path with a ``.`` or ``..`` segment is refused, never resolved nor passed on: granian hands
+    over the path percent-decoded, so ``/a%2F..%2Fb`` and ``/a/../b`` look alike here, and whatever reads
+    the path after this (a route table, an agent behind the launcher) must see no segment that
+    climbs."""
+    if "/." in path:
+        for segment in path.split("/"):
+            if segment in _DOT_SEGMENTS:
+                raise MalformedRequest("the path has a '.' or '..' segment (also when sent as %2E or after %2F)")
 
 
 def closes_connection(status: int) -> bool:

@@ -218,6 +218,7 @@ class Forwarder:
         method, target = api.memory_target(op, conversation)
         try:
             with self.tracer.span(op, conversation or "", caller.traceparent, caller.tracestate) as span:
+                span.scope = self._settings.scope  # what is asked for, until the proxy says what it used
                 if op in _BODIED and not body:
                     raise InvalidRequest("request body is required")
                 if self._settings.per_user and caller.capability is None:
@@ -231,7 +232,8 @@ class Forwarder:
                     reply = await self._export(target, query, caller)
                 else:
                     reply = await self._send(method, op, target, query, body or None, caller, idempotent)
-                span.scope, span.entries, span.version = reply.scope, reply.entries, reply.version
+                span.scope = reply.scope or span.scope
+                span.entries, span.version = reply.entries, reply.version
                 if reply.status >= 400:
                     span.fail(_error_type(reply.body))
                 return reply
@@ -240,9 +242,11 @@ class Forwarder:
 
     def refused(self, op: str, conversation_id: str, caller: CallerHeaders, error: SessionMemError) -> MemoryReply:
         """The typed answer of an operation refused before it could be forwarded (a bad id, a body over the
-        limit, a turn handle that is not live), recorded as its failed ``memory.<op>`` span."""
+        limit, a turn handle that is not live), recorded as its failed ``memory.<op>`` span, with the scope
+        the launcher asks for (``memory.scope``, as on every span)."""
         try:
-            with self.tracer.span(op, conversation_id, caller.traceparent, caller.tracestate):
+            with self.tracer.span(op, conversation_id, caller.traceparent, caller.tracestate) as span:
+                span.scope = self._settings.scope
                 raise error
         except SessionMemError as exc:
             return MemoryReply(exc.status, exc.body())

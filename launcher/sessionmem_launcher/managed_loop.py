@@ -6,7 +6,7 @@ context, and when the exchange cannot be stored the answer still goes out; the
 ``X-Sessionmem-Memory`` header says which happened. Without the header the turn is single-shot.
 
 Agent protocol (any language): the launcher POSTs the caller's JSON body to the agent on 127.0.0.1
-with ``history`` added (a list of ``{"role", "content"}``, oldest first); the agent answers JSON with
+with ``history`` added (a list of ``{"role", "content", "author"}``, oldest first); the agent answers JSON with
 an ``output`` string, which is passed back to the caller as it is.
 
 The caller's ``X-Sessionmem-User-Capability`` stays in the launcher: a request that carries one (a turn or
@@ -32,7 +32,7 @@ from sessionmem_infra.serving import respond
 from sessionmem_launcher.forward import CallerHeaders, Forwarder
 from sessionmem_launcher.memory_api import HEALTH_PATH, HEALTHY
 from sessionmem_launcher.replay import history_from, load_counter, within_budget
-from sessionmem_launcher.serving import ListenerLimits
+from sessionmem_launcher.serving import Admission, ListenerLimits
 from sessionmem_launcher.summary import Compactor, summarizer_from_settings
 from sessionmem_launcher.turns import TurnBindings
 
@@ -97,7 +97,8 @@ class ManagedLoop:
     async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
         await self._limits.serve(scope, proto, self._serve)
 
-    async def _serve(self, scope: Scope, proto: HTTPProtocol) -> None:
+    async def _serve(self, scope: Scope, proto: HTTPProtocol, admission: Admission) -> None:
+        body = await admission.body()  # every request of the serving port is counted, probes included
         if scope.path == HEALTH_PATH and scope.method == "GET":
             respond(proto, 200, HEALTHY)
             return
@@ -105,7 +106,6 @@ class ManagedLoop:
             await self._agent_listening()
             respond(proto, 200, READY)
             return
-        body = await self._limits.read_body(scope, proto)
         capability = scope.headers.get(api.USER_CAPABILITY_HEADER)
         conversation_id = scope.headers.get(api.CONVERSATION_ID_HEADER)
         if conversation_id is None:

@@ -21,7 +21,7 @@ from sessionmem_core.errors import CapabilityNotAccepted, NotFound, SessionMemEr
 from sessionmem_core.ids import parse_conversation_id
 from sessionmem_infra.serving import json_headers, respond
 from sessionmem_launcher.forward import CallerHeaders, Forwarder
-from sessionmem_launcher.serving import ListenerLimits
+from sessionmem_launcher.serving import Admission, ListenerLimits
 from sessionmem_launcher.turns import TurnBindings
 
 HEALTH_PATH = "/healthz"
@@ -38,7 +38,7 @@ class MemoryEndpoint:
     async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
         await self._limits.serve(scope, proto, self._serve)
 
-    async def _serve(self, scope: Scope, proto: HTTPProtocol) -> None:
+    async def _serve(self, scope: Scope, proto: HTTPProtocol, admission: Admission) -> None:
         method, path = scope.method, scope.path
         if method == "GET" and path == HEALTH_PATH:
             respond(proto, 200, HEALTHY)
@@ -51,7 +51,7 @@ class MemoryEndpoint:
         try:
             conversation = None if conversation_id is None else parse_conversation_id(conversation_id)
             caller = CallerHeaders.of(headers.get, self._capability_of(scope))
-            body = await self._limits.read_body(scope, proto)
+            body = await admission.body()
         except SessionMemError as exc:
             reply = self._forwarder.refused(op, conversation_id or "", CallerHeaders.of(headers.get, None), exc)
         else:

@@ -30,6 +30,35 @@ class RsgiApp(Protocol):
     async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None: ...
 
 
+class Admission:
+    """One request's way to its body and to a slot of its listener, in that order: ``body()`` reads the
+    whole body and only then takes the slot (``Overloaded`` when all are taken). A client that sends a
+    head and holds back its body (for up to the body timeout) holds one of granian's connections, twice
+    as many as the slots (``open_connections``), never a slot that others' turns need."""
+
+    __slots__ = ("_holding", "_limits", "_proto", "_scope")
+
+    def __init__(self, limits: ListenerLimits, scope: Scope, proto: HTTPProtocol) -> None:
+        self._limits, self._scope, self._proto = limits, scope, proto
+        self._holding = False
+
+    async def body(self) -> bytes:
+        body = await self._limits.read_body(self._scope, self._proto)
+        self._limits.admit()
+        self._limits.in_flight += 1
+        self._holding = True
+        return body
+
+    def release(self) -> None:
+        if self._holding:
+            self._holding = False
+            self._limits.in_flight -= 1
+
+
+# What serves one request whose head passed the limits: it takes the body (and a slot) from the admission.
+AdmittedHandler = Callable[[Scope, HTTPProtocol, Admission], Awaitable[None]]
+
+
 class ListenerLimits:
     """The serving limits of one listener (``sessionmem_infra.serving.RequestLimits``) and its count of
     requests in flight."""
@@ -41,33 +70,34 @@ class ListenerLimits:
         self.requests = RequestLimits(limits)
         self.in_flight = 0
 
-    async def serve(
-        self, scope: Scope, proto: HTTPProtocol, handler: Callable[[Scope, HTTPProtocol], Awaitable[None]]
-    ) -> None:
-        """Serve one request within the limits: refused with its typed answer when over one, counted in
-        flight while ``handler`` runs, and any typed error of the handler answered as such."""
+    async def serve(self, scope: Scope, proto: HTTPProtocol, handler: AdmittedHandler) -> None:
+        """Serve one request within the limits: its head checked, then ``handler`` run with its
+        ``Admission`` (its body, then a slot: counted in flight from then on); refused with its typed
+        answer when over a limit, and any typed error of the handler answered as such."""
         try:
-            self.admit(scope)
+            self.requests.check_head(scope)
         except SessionMemError as exc:
             respond_error(proto, exc)
             return
-        self.in_flight += 1
+        admission = Admission(self, scope, proto)
         try:
-            await handler(scope, proto)
+            await handler(scope, proto, admission)
         except SessionMemError as exc:
             respond_error(proto, exc)
         finally:
-            self.in_flight -= 1
+            admission.release()
 
-    def admit(self, scope: Scope) -> None:
-        """Raise the typed error of a request over a limit that needs no body to judge."""
+    def admit(self) -> None:
+        """Raise ``Overloaded`` when the listener already serves its maximum of requests."""
         if self.in_flight >= self._limits.max_connections:
             raise Overloaded(f"more than {self._limits.max_connections} requests in flight")
-        self.requests.check_head(scope.path, scope.query_string, scope.headers)
 
     async def read_body(self, scope: Scope, proto: HTTPProtocol) -> bytes:
         headers = scope.headers
-        return await self.requests.read_body(proto, headers.get("content-length"), "transfer-encoding" in headers)
+        expect = headers.get("expect", "").lower() == "100-continue"
+        return await self.requests.read_body(
+            proto, headers.get("content-length"), "transfer-encoding" in headers, expect_continue=expect
+        )
 
 
 class Listener(Protocol):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import pathlib
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -72,19 +73,12 @@ class ProxyApp:
         # An HTTP request (granian serves no websockets here), served in this coroutine rather than in a
         # method of its own: one coroutine less per request.
         try:
-            headers = self.limits.check_head(scope.path, scope.query_string, scope.headers)
+            headers = self.limits.check_head(scope)
             route, path_values = self.table.match(scope.method, scope.path)
         except SessionMemError as exc:
             _respond(proto, _typed(exc))
             return
-        if route.counted and not self.in_flight.enter():
-            _respond(proto, error_reply(Overloaded("this worker is at its request limit; retry")))
-            return
-        try:
-            _respond(proto, await self._serve(route, path_values, scope.query_string, headers, proto))
-        finally:
-            if route.counted:
-                self.in_flight.leave()
+        _respond(proto, await self._serve(route, path_values, scope.query_string, headers, proto))
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
         # A worker process's loop has stopped by now; an embedded server's loop still runs, and whoever
@@ -105,49 +99,79 @@ class ProxyApp:
         headers: dict[str, str],
         proto: HTTPProtocol,
     ) -> Reply:
-        """The reply of one routed request; every failure becomes a typed answer here."""
+        """The reply of one routed request; every failure becomes a typed answer here.
+
+        The caller is verified, and its body read, before the request takes one of the worker's slots
+        (``InFlight``): a client that sends a head and holds back its body, or one without credentials,
+        holds a connection (granian's, bounded per worker) but never a slot other agents need. A body is
+        read only from a verified agent within its transfer quota (fail-closed: no body is read, parsed
+        or validated for anyone else)."""
         try:
             values = parse(route.params, RawRequest(path_values, dict(api.parse_query(query)), headers))
             if route.request is None:
-                return await route.handler(self.ctx, values, None)
-            uploader = await self._admit_upload(headers)
-            if uploader is not None:
-                values.verified = uploader  # a route with a body acts on one conversation
+                if hasattr(values, "verified"):  # an operation of an agent: verified before it takes a slot
+                    values.verified = await self._verify(route, headers, upload=False)
+                return await self._in_slot(route, values, None)
+            try:
+                uploader = await self._verify(route, headers, upload=True)
+            except SessionMemError as exc:
+                # The body stays unread: the connection cannot carry another request.
+                refused = _typed(exc)
+                refused.headers = [*refused.headers, CONNECTION_CLOSE]
+                return refused
+            values.verified = uploader  # a route with a body acts on one conversation
             meter = BodyMeter()
             try:
                 raw = await self.limits.read_body(
-                    proto, headers.get("content-length"), "transfer-encoding" in headers, meter
+                    proto,
+                    headers.get("content-length"),
+                    "transfer-encoding" in headers,
+                    meter,
+                    expect_continue=headers.get("expect", "").lower() == "100-continue",
                 )
-                try:
-                    body = route.request.model_validate_json(raw)
-                except ValidationError as exc:
-                    raise InvalidRequest(_problems(exc)) from exc
-                return await route.handler(self.ctx, values, body)
+                return await self._in_slot(route, values, raw)
             finally:
-                if uploader is not None:
-                    # Charged once answered, so the body's own size never refuses it; the agent's next
-                    # request finds its bucket in debt if this one took more than was left. Refused
-                    # bodies (413, 408, 400) count too: what was read and dropped cost the same.
-                    self.ctx.quotas.charge(uploader.owner, meter.received)
+                # Charged once answered, so the body's own size never refuses it; the agent's next request
+                # finds its bucket in debt if this one took more than was left. Refused bodies (413, 408,
+                # 400) count too: what was read and dropped cost the same.
+                self.ctx.quotas.charge(uploader.owner, meter.received)
         except SessionMemError as exc:
             return _typed(exc)
         except Exception as exc:
             _LOG.exception("unhandled error")
             return internal_error_reply(exc)
 
-    async def _admit_upload(self, headers: Mapping[str, str]) -> AgentIdentity | None:
-        """The agent's transfer quota, checked before its body is read: an agent whose bucket is in debt
-        is refused without the proxy reading or parsing what it sends. Returns the verified agent, to
-        charge and for the operation to use without verifying it again; None when the caller is not (yet)
-        known as an agent, whose request then fails in the route's own order."""
-        quotas, authorization = self.ctx.quotas, headers.get("authorization")
-        if authorization is None:
-            return None
+    async def _in_slot(self, route: Route[Any], values: Any, raw: bytes | None) -> Reply:
+        """The operation, run in one of the worker's slots (a 503 when all are taken); ``raw``: the body
+        already read, validated here."""
+        if route.counted and not self.in_flight.enter():
+            return error_reply(Overloaded("this worker is at its request limit; retry"))
         try:
-            identity = await identify(self.ctx, authorization)
-        except SessionMemError:
-            return None
-        await quotas.admit_upload(identity.owner)
+            if raw is None or route.request is None:
+                return await route.handler(self.ctx, values, None)
+            try:
+                body = route.request.model_validate_json(raw)
+            except ValidationError as exc:
+                raise InvalidRequest(_problems(exc)) from exc
+            return await route.handler(self.ctx, values, body)
+        finally:
+            if route.counted:
+                self.in_flight.leave()
+
+    async def _verify(self, route: Route[Any], headers: Mapping[str, str], upload: bool) -> AgentIdentity:
+        """The calling agent, verified before its request takes a slot; for a route with a body
+        (``upload``) also its transfer quota, checked before the body is read: a stranger is refused
+        (401/403, the connection closed) and an agent whose bucket is in debt gets its 429, both without
+        the proxy reading or parsing what they send. The refusal is observed as the operation's outcome,
+        as the operation would have."""
+        started = time.perf_counter()
+        try:
+            identity = await identify(self.ctx, headers.get("authorization"))
+            if upload:
+                await self.ctx.quotas.admit_upload(identity.owner)
+        except SessionMemError as exc:
+            self.ctx.metrics.observe(route.op, exc.error_type, (time.perf_counter() - started) * 1000.0)
+            raise
         return identity
 
     def openapi(self) -> dict[str, Any]:
@@ -233,7 +257,7 @@ def create_app(
         redaction=Redaction.from_json(settings.redact_patterns),
         tracer=MemoryTracer(tracer_provider or tracer_provider_from_env("sessionmem-proxy"), "proxy"),
         metrics=ProxyMetrics(),
-        quotas=Quotas(limits, store.ledger),
+        quotas=Quotas(limits, store.ledger, rate_share=settings.quota_rate_share),
         openapi=_openapi_document,
         admin=admin,
     )

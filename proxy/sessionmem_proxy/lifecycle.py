@@ -27,14 +27,31 @@ from sessionmem_proxy.params import (
     SearchParams,
 )
 from sessionmem_proxy.replies import Reply, memory_reply, model_reply
-from sessionmem_proxy.store import CatalogueRecord, search_entries, without_rewound_at, written_at
+from sessionmem_proxy.store import READ_ANSWER_BYTES, CatalogueRecord, SearchRanking, without_rewound_at, written_at
 
 
 async def search(ctx: ProxyContext, p: SearchParams, _: BaseModel | None) -> Reply:
+    """Keyword search over the whole conversation, read a page at a time as an export is (``export_page``):
+    each page is charged to the agent's transfer rate as it is read, and the next read only once the
+    agent's bucket is out of debt (``Quotas.pace``), so a search costs what an export of the same
+    conversation does; at most ``STREAMS_PER_AGENT`` of an agent's searches and export pages run at once
+    in a worker. The answer keeps the best matches that fit in ``READ_ANSWER_BYTES``."""
+    quotas = ctx.quotas
     async with operation(ctx, "search", p) as op:
-        result = await ctx.store.read_all(op.key)
-        matches = search_entries(result.raw_entries, p.q, p.limit)
-        op.span.entries, op.span.version = len(matches), result.version
+        owner = op.identity.owner
+        ranking = SearchRanking(p.q, p.limit)
+        end = quotas.open_stream(owner)
+        try:
+            length, version, _ttl = await ctx.store.info(op.key)
+            offset: int | None = 0 if ranking.searching and length else None
+            while offset is not None:
+                page, offset = await export_page(ctx.store, op.key, offset, length)
+                await quotas.pace(owner, sum(map(len, page)))
+                ranking.add(page)
+        finally:
+            end()
+        matches = ranking.best(READ_ANSWER_BYTES)
+        op.span.entries, op.span.version = len(matches), version
         # The matches as stored (their items unchanged), in a SearchResponse document.
         body = b'{"conversationId":%s,"scope":"%s","query":%s,"matches":[%s]}' % (
             orjson.dumps(op.conversation),
@@ -42,7 +59,7 @@ async def search(ctx: ProxyContext, p: SearchParams, _: BaseModel | None) -> Rep
             orjson.dumps(p.q),
             b",".join(matches),
         )
-        return memory_reply(body, op.scope, len(matches), result.version)
+        return memory_reply(body, op.scope, len(matches), version)
 
 
 def _parse_if_match(if_match: str | None) -> int | None:
@@ -61,7 +78,7 @@ async def replace(ctx: ProxyContext, p: ReplaceParams, body: BaseModel | None) -
         _refuse_on_shared(op.scope)
         result = await ctx.store.replace(
             op.key,
-            await new_entries(ctx, body.entries, p.redact),
+            await new_entries(ctx, op, body.entries, p.redact),
             author=op.identity.owner.author,
             expected_version=expected,
             cap=p.cap,
@@ -126,7 +143,7 @@ async def compact(ctx: ProxyContext, p: CompactParams, body: BaseModel | None) -
     assert isinstance(body, wire.CompactRequest)  # the route table validated it
     async with operation(ctx, "compact", p) as op:
         _refuse_on_shared(op.scope)
-        (summary,) = await new_entries(ctx, [body.summary], p.redact)
+        (summary,) = await new_entries(ctx, op, [body.summary], p.redact)
         version = await ctx.store.compact(op.key, summary, op.identity.owner.author, body.through_version, op.limits)
         op.span.version = version
         return memory_reply(wire.CompactResponse(version=version, scope=op.scope), op.scope, 0, version)

@@ -16,9 +16,12 @@ What is exact and what is approximate (docs/quotas.md):
   so on a Cluster a space ends at most one batch per concurrent writer over its byte quota. A
   conversation that already exists may always be written when the count is full. Expired conversations
   stop counting when their TTL passes.
-- The rate is a token bucket per agent in each proxy worker process: with N workers (or replicas) an agent
-  gets up to N times its rate in total. Every operation costs one token.
-- The transfer rate is a second bucket per agent and worker, counted in bytes: an agent whose bucket is
+- The rate is a token bucket per agent in each proxy worker process, holding that worker's share of it:
+  the rate and burst divided by how many workers the Deployment runs at most (``rate_share``: replicas x
+  workers, the autoscaler's maximum when there is one), so an agent's rate holds across all of them. Every
+  operation costs one token.
+- The transfer rate is a second bucket per agent and worker, its share of the agent's bytes per second
+  (the burst never less than two maximal bodies, so any body can be sent), counted in bytes: an agent whose bucket is
   in debt is refused before its body is read (the proxy neither reads nor parses what it sends); a body
   is charged by its size once served, an answer by its size once built, an export page by its size, each
   page answered once the bucket is out of debt (an export is paced, not refused). An agent whose bucket
@@ -53,6 +56,8 @@ WRITES = frozenset(operation.op for operation in api.MEMORY_OPERATIONS if operat
 PACED = frozenset({"export"})
 _REMEMBERED = 10_000
 STREAMS_PER_AGENT = 2
+# How many seconds of its transfer rate one CPU-second of work done for an agent alone (redaction) costs it.
+CPU_SECOND_COST = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,9 +201,15 @@ class Quotas:
     """``admit`` runs before every operation, once the caller and the key are known."""
 
     def __init__(
-        self, limits: LimitSource, ledger: UsageLedger | None, clock: Callable[[], float] = time.monotonic
+        self,
+        limits: LimitSource,
+        ledger: UsageLedger | None,
+        clock: Callable[[], float] = time.monotonic,
+        rate_share: int = 1,
     ) -> None:
+        """``rate_share``: how many worker processes split every agent's rates (``env.QUOTA_RATE_SHARE``)."""
         self._limits = limits
+        self._share = float(rate_share)
         self._ledger = ledger
         self._clock = clock
         self._buckets: dict[Owner, TokenBucket] = {}
@@ -235,15 +246,21 @@ class Quotas:
         if bucket is not None:
             bucket.tokens -= size
 
+    def charge_cpu(self, owner: Owner, limits: QuotaLimits, seconds: float) -> None:
+        """CPU spent for the agent alone beyond moving its bytes (redaction): each CPU-second costs
+        ``CPU_SECOND_COST`` seconds of its transfer rate, so at most about 1/CPU_SECOND_COST of a core per
+        agent and worker is spent that way over time, and a burst of it puts the agent in debt."""
+        self.charge(owner, int(seconds * CPU_SECOND_COST * self._transfer_rate(limits)[0]))
+
     async def pace(self, owner: Owner, size: int) -> None:
         """Charge one export page, then wait until the agent's bucket is out of debt."""
         bucket = self._transfers.get(owner)
         if bucket is None:
             return
-        limits = await self._limits.limits_of(owner)
+        rate, burst = self._transfer_rate(await self._limits.limits_of(owner))
         bucket.tokens -= size
-        if bucket.refill(self._clock(), limits.bytes_per_second, limits.bytes_burst) < 0:
-            await asyncio.sleep(-bucket.tokens / limits.bytes_per_second)
+        if bucket.refill(self._clock(), rate, burst) < 0:
+            await asyncio.sleep(-bucket.tokens / rate)
 
     def open_stream(self, owner: Owner) -> Callable[[], None]:
         """Count one of the agent's export pages being read in this worker, 429 past ``STREAMS_PER_AGENT``;
@@ -267,19 +284,30 @@ class Quotas:
 
         return end
 
+    def _transfer_rate(self, limits: QuotaLimits) -> tuple[float, float]:
+        """This worker's share of the agent's transfer rate and burst (the burst at least two bodies)."""
+        share = self._share
+        return limits.bytes_per_second / share, max(limits.bytes_burst / share, 2.0 * env.MAX_BODY_BYTES)
+
+    def _request_rate(self, limits: QuotaLimits) -> tuple[float, float]:
+        """This worker's share of the agent's request rate and burst (the burst at least one request)."""
+        share = self._share
+        return limits.requests_per_second / share, max(1.0, limits.burst / share)
+
     def _transfer_bucket(self, owner: Owner, limits: QuotaLimits, now: float) -> TokenBucket | None:
         """The agent's transfer bucket, opened full (and then None) on its first request."""
         bucket = self._transfers.get(owner)
         if bucket is None:
             if len(self._transfers) >= _REMEMBERED:
                 self._transfers.clear()
-            self._transfers[owner] = TokenBucket(limits.bytes_burst, now)
+            self._transfers[owner] = TokenBucket(self._transfer_rate(limits)[1], now)
         return bucket
 
     def _check_transfer(self, owner: Owner, limits: QuotaLimits, now: float) -> None:
         bucket = self._transfer_bucket(owner, limits, now)
-        if bucket is not None and bucket.refill(now, limits.bytes_per_second, limits.bytes_burst) < 0:
-            wait = -bucket.tokens / limits.bytes_per_second
+        rate, burst = self._transfer_rate(limits)
+        if bucket is not None and bucket.refill(now, rate, burst) < 0:
+            wait = -bucket.tokens / rate
             raise RateLimited(
                 f"{owner.author} is over its transfer rate of {limits.bytes_per_second:g} bytes/s", math.ceil(wait)
             )
@@ -289,8 +317,8 @@ class Quotas:
         if bucket is None:
             if len(self._buckets) >= _REMEMBERED:
                 self._buckets.clear()
-            bucket = self._buckets[owner] = TokenBucket(float(limits.burst), now)
-        wait = bucket.take(now, limits.requests_per_second, float(limits.burst))
+            bucket = self._buckets[owner] = TokenBucket(self._request_rate(limits)[1], now)
+        wait = bucket.take(now, *self._request_rate(limits))
         if wait:
             raise RateLimited(
                 f"{owner.author} is over its rate of {limits.requests_per_second:g} requests/s", math.ceil(wait)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
@@ -160,12 +161,19 @@ class Redaction:
         return redact
 
     @staticmethod
-    async def apply(redactor: Redactor, texts: Sequence[str]) -> list[str]:
-        """``redactor`` over ``texts``: in a worker thread when they add up to more than ``OFF_LOOP_CHARS``
-        (long enough to hold up the event loop), inline otherwise."""
+    async def apply(redactor: Redactor, texts: Sequence[str]) -> tuple[list[str], float]:
+        """``redactor`` over ``texts``, and the CPU seconds it took (so the caller can charge them to the
+        agent that asked): in a worker thread when they add up to more than ``OFF_LOOP_CHARS`` (long enough
+        to hold up the event loop), inline otherwise."""
+
+        def run() -> tuple[list[str], float]:
+            began = time.thread_time()
+            redacted = [redactor(text) for text in texts]
+            return redacted, time.thread_time() - began
+
         if sum(len(text) for text in texts) <= OFF_LOOP_CHARS:
-            return [redactor(text) for text in texts]
-        return await asyncio.to_thread(lambda: [redactor(text) for text in texts])
+            return run()
+        return await asyncio.to_thread(run)
 
 
 def strings_of(value: Any, into: list[str]) -> list[str]:

@@ -311,7 +311,9 @@ class _Lane:
 
 class Script:
     """A Lua script run by its digest (EVALSHA); loaded (SCRIPT LOAD) and run again when the server does
-    not have it (a restarted or promoted server). EVAL is never sent: the chart's ACL does not allow it."""
+    not have it (a restarted or promoted server). EVAL is never sent: the chart's ACL does not allow it.
+    A script flagged ``no-writes`` runs as EVALSHA_RO, which a server pausing writes (CLIENT PAUSE WRITE,
+    as during a failover) still answers, as it answers LRANGE."""
 
     def __init__(self, client: PipelinedValkey, text: str) -> None:
         self._client = client
@@ -321,7 +323,7 @@ class Script:
         self.writes = not (first_line.startswith("#!lua") and "no-writes" in first_line)
 
     async def __call__(self, keys: Sequence[Arg] = (), args: Sequence[Arg] = ()) -> Any:
-        command = ("EVALSHA", self.sha, len(keys), *keys, *args)
+        command = ("EVALSHA" if self.writes else "EVALSHA_RO", self.sha, len(keys), *keys, *args)
         try:
             return await self._client.execute(command, writes=self.writes)
         except NoScriptError:

@@ -9,6 +9,7 @@ cap trims old entries (an entry count would stop at the cap).
 
 from __future__ import annotations
 
+import heapq
 import logging
 import re
 import time
@@ -470,20 +471,45 @@ _INFO = """#!lua flags=no-writes
 return {redis.call('LLEN', KEYS[1]), redis.call('LINDEX', KEYS[1], -1) or '', redis.call('PTTL', KEYS[1])}
 """
 
-# Read with summary: the window, and the conversation's compaction summary (KEYS[2], the catalogue's
-# summaries, field ARGV[3]: standalone only) answering {summary, window, 1}; or else the oldest entry when it
-# is a rolling summary outside the window, answering {head or '', window, 0}.
-_READ_WITH_SUMMARY = """#!lua flags=no-writes
-local window = redis.call('LRANGE', KEYS[1], -tonumber(ARGV[1]), -1)
+# A read's answer is bounded by bytes as well as by entries: the newest entries (at most ARGV[1]) that fit in
+# READ_ANSWER_BYTES (ARGV[2]), and always the newest one. So an agent whose entries are large (up to about
+# 1.5 MiB each, MAX_CONTENT_CHARS escaped) makes Valkey build, and the proxy hold, at most this much per
+# read, not limit x entry size (500 x 1 MiB took a worker from 92 MiB to ~830 MiB). Read from the tail in
+# chunks sized from the largest entry so far, starting at READ_FIRST_CHUNK entries. With ARGV[3] (the
+# summary id prefix), also the oldest entry when it is a rolling summary outside the window: {head or '',
+# window, 0}. With KEYS[2] (the catalogue's summaries: standalone only) and ARGV[5] (the conversation key),
+# the conversation's compaction summary instead when it has one: {summary, window, 1}.
+READ_ANSWER_BYTES = 4 * 1024 * 1024
+READ_FIRST_CHUNK = 8
+_READ_WINDOW = """#!lua flags=no-writes
+local key, budget = KEYS[1], tonumber(ARGV[2])
+local n = redis.call('LLEN', key)
+local want = math.min(tonumber(ARGV[1]), n)
+local chunk = math.min(tonumber(ARGV[4]), want)
+local newest, used, taken, largest = {}, 0, 0, 1
+while taken < want do
+  local part = redis.call('LRANGE', key, -(taken + chunk), -(taken + 1))
+  for j = #part, 1, -1 do
+    if taken == want then break end
+    local size = #part[j]
+    if taken > 0 and used + size > budget then want = taken break end
+    used, taken = used + size, taken + 1
+    newest[taken] = part[j]
+    if size > largest then largest = size end
+  end
+  if #part == 0 then break end
+  chunk = math.max(1, math.min(want - taken, math.floor((budget - used) / largest)))
+end
+local window = {}
+for i = taken, 1, -1 do window[#window + 1] = newest[i] end
 if KEYS[2] then
-  local summary = redis.call('HGET', KEYS[2], ARGV[3])
+  local summary = redis.call('HGET', KEYS[2], ARGV[5])
   if summary then return {summary, window, 1} end
 end
-local n = redis.call('LLEN', KEYS[1])
 local head = ''
-if n > #window then
-  head = redis.call('LINDEX', KEYS[1], 0) or ''
-  local marker = '{"id":"' .. ARGV[2]
+if ARGV[3] ~= '' and n > taken then
+  head = redis.call('LINDEX', key, 0) or ''
+  local marker = '{"id":"' .. ARGV[3]
   if string.sub(head, 1, #marker) ~= marker then head = '' end
 end
 return {head, window, 0}
@@ -841,7 +867,7 @@ class ConversationStore:
         self._summary_of = client.register_script(_SUMMARY_OF)
         self._compact = client.register_script(_COMPACT)
         self._set_metadata = client.register_script(_SET_METADATA)
-        self._read_with_summary = client.register_script(_READ_WITH_SUMMARY)
+        self._read_window = client.register_script(_READ_WINDOW)
 
     async def append(
         self,
@@ -875,32 +901,31 @@ class ConversationStore:
         )
 
     async def read(self, key: str, limit: int) -> ReadResult:
+        """The newest ``limit`` entries that fit in ``READ_ANSWER_BYTES`` (always the newest one)."""
         if limit <= 0:
             raw: list[bytes] = await self._guard(self._client.lrange(key, -1, -1))
             return ReadResult(version=version_of(raw[0]) if raw else 0, raw_entries=[])
-        try:
-            raw = await self._client.lrange(key, -limit, -1)
-        except _FAILURES as exc:
-            _raise_backend_failure(exc)
-        return ReadResult(version=version_of(raw[-1]) if raw else 0, raw_entries=raw)
+        _head, window, _ = await self._call(self._read_window, key, [limit, READ_ANSWER_BYTES, "", READ_FIRST_CHUNK])
+        return ReadResult(version=version_of(window[-1]) if window else 0, raw_entries=list(window))
 
     async def read_with_summary(self, key: str, limit: int) -> ReadResult:
-        """The window and the conversation's summary: its compaction summary, with the window's entries
-        after the version it covers; or else (none recorded) the rolling summary at the list's head."""
+        """``read`` (bounded by bytes as it is), and the conversation's summary: its compaction summary, with
+        the window's entries after the version it covers; or else (none recorded) the rolling summary at the
+        list's head when it is outside the window."""
         if limit <= 0:
             return await self.read(key, 0)
         summaries = usage_keys_of(key)[3] if self.ledger is not None else None
+        args = [limit, READ_ANSWER_BYTES, SUMMARY_ID_PREFIX, READ_FIRST_CHUNK]
         if summaries is not None and self._counted:
-            head, window, compacted = await self._guard(
-                self._read_with_summary(keys=[key, summaries], args=[limit, SUMMARY_ID_PREFIX, key])
-            )
+            head, window, compacted = await self._guard(self._read_window(keys=[key, summaries], args=[*args, key]))
         else:
             head = await self._guard(self._summary_of(keys=[summaries], args=[key])) if summaries else b""
             compacted = 1 if head else 0
             if head:
-                window = await self._guard(self._client.lrange(key, -limit, -1))
+                no_head = [limit, READ_ANSWER_BYTES, "", READ_FIRST_CHUNK]
+                _, window, _ = await self._call(self._read_window, key, no_head)
             else:
-                head, window, _ = await self._call(self._read_with_summary, key, [limit, SUMMARY_ID_PREFIX])
+                head, window, _ = await self._call(self._read_window, key, args)
         version = version_of(window[-1]) if window else 0
         if int(compacted):
             through = written_at(head)
@@ -1130,20 +1155,47 @@ def tokenize(text: str) -> set[str]:
     return {t for t in re.findall(r"\w+", text.lower()) if len(t) > 1}
 
 
-def search_entries(raw_entries: Sequence[bytes], query: str, limit: int) -> list[bytes]:
-    """Keyword search on the entries' text: the stored entries (as stored) ranked by how many query
-    terms their content contains, newest first on ties."""
-    terms = tokenize(query)
-    if not terms:
-        return []
-    scored: list[tuple[int, int, bytes]] = []
-    for position, raw in enumerate(raw_entries):
-        entry = orjson.loads(raw)
-        overlap = len(terms & tokenize(str(entry.get("content", ""))))
-        if overlap:
-            scored.append((overlap, position, raw))
-    scored.sort(key=lambda item: (item[0], item[1]), reverse=True)
-    return [raw for _, _, raw in scored[:limit]]
+class SearchRanking:
+    """The best ``limit`` matches of a query over entries handed over a page at a time, oldest first: it
+    keeps only those (a heap of ``limit``), so a search holds one page and its answer, not the whole
+    conversation. Ranked by how many query terms an entry contains, newest first on ties."""
+
+    __slots__ = ("_kept", "_limit", "_position", "_terms")
+
+    def __init__(self, query: str, limit: int) -> None:
+        self._terms = tokenize(query)
+        self._limit = limit
+        self._kept: list[tuple[int, int, bytes]] = []
+        self._position = 0
+
+    @property
+    def searching(self) -> bool:
+        return bool(self._terms) and self._limit > 0
+
+    def add(self, raw_entries: Sequence[bytes]) -> None:
+        if not self.searching:
+            return
+        terms, kept = self._terms, self._kept
+        for raw in raw_entries:
+            self._position += 1
+            overlap = len(terms & tokenize(str(orjson.loads(raw).get("content", ""))))
+            if not overlap:
+                continue
+            if len(kept) < self._limit:
+                heapq.heappush(kept, (overlap, self._position, raw))
+            else:
+                heapq.heappushpop(kept, (overlap, self._position, raw))
+
+    def best(self, max_bytes: int | None = None) -> list[bytes]:
+        """The matches as stored, best first; with ``max_bytes``, only the best that fit in it (at least one)."""
+        chosen: list[bytes] = []
+        used = 0
+        for _overlap, _position, raw in sorted(self._kept, reverse=True):
+            used += len(raw)
+            if max_bytes is not None and chosen and used > max_bytes:
+                break
+            chosen.append(raw)
+        return chosen
 
 
 def _record(row: Sequence[Any]) -> CatalogueRecord:

@@ -364,3 +364,50 @@ def test_a_malformed_chunked_body_is_a_typed_400_on_both_ports(launcher_process:
             sock.sendall(head.encode() + b"ZZ\r\nabc\r\n0\r\n\r\n")
             status_line = sock.makefile("rb").readline()
         assert status_line.split()[1] == b"400", (port, status_line)
+
+
+def test_bodies_held_back_take_no_slot_on_the_serving_port(launcher_process: ServiceProcess) -> None:
+    """More heads promising a body that never comes than the launcher has slots (yet fewer than the
+    connections granian takes, twice the slots): the caller after them is served."""
+    _, serve_port = _ports(launcher_process)
+    held = [socket.create_connection(("127.0.0.1", serve_port)) for _ in range(MAX_IN_FLIGHT + 1)]
+    try:
+        for sock in held:
+            sock.sendall(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n")
+        time.sleep(0.2)
+        with httpx.Client(timeout=5) as client:
+            served = client.get(f"http://127.0.0.1:{serve_port}/healthz")
+    finally:
+        for sock in held:
+            sock.close()
+    assert served.status_code == 200, served.text
+
+
+def test_a_repeated_conversation_field_is_a_typed_400_never_relayed(
+    launcher_process: ServiceProcess, launcher_agent: SilentAgent
+) -> None:
+    _, serve_port = _ports(launcher_process)
+    body = b'{"input":"hi"}'
+    head = (
+        "POST / HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-conversation-id: mine\r\n"
+        f"x-conversation-id: theirs\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", serve_port), timeout=10) as sock:
+        sock.sendall(head.encode() + body)
+        answer = _answer(sock, time.monotonic() + 5)
+    assert answer.split(b"\r\n", 1)[0].split()[1] == b"400", answer
+    assert b"malformed_request" in answer
+    assert launcher_agent._held == [], "the turn reached the agent"
+
+
+def test_a_path_that_climbs_never_reaches_the_agent(
+    launcher_process: ServiceProcess, launcher_agent: SilentAgent
+) -> None:
+    _, serve_port = _ports(launcher_process)
+    for target in ("/public%2F..%2Fadmin", "/public/../admin", "/%2e%2e/admin", "/./admin"):
+        with socket.create_connection(("127.0.0.1", serve_port), timeout=10) as sock:
+            sock.sendall(f"GET {target} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+            answer = _answer(sock, time.monotonic() + 5)
+        assert answer.split(b"\r\n", 1)[0].split()[1] == b"400", (target, answer)
+        assert b"malformed_request" in answer, (target, answer)
+    assert launcher_agent._held == [], "a climbing path reached the agent"

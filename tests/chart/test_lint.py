@@ -386,6 +386,44 @@ def test_schema_accepts_the_edges_of_what_it_refuses(setting: str) -> None:
     run_helm("template", RELEASE, str(CHART), "--set", setting)
 
 
+def _size(text: str) -> int:
+    units = {"mb": 1 << 20, "gb": 1 << 30, "mi": 1 << 20, "gi": 1 << 30}
+    number = text.rstrip("bgimBGIM")
+    return int(number) * units[text[len(number) :].lower()]
+
+
+@pytest.mark.parametrize("profile", [(), ("-f", str(CHART / "values-production.yaml"))])
+def test_valkey_memory_is_capped_below_its_container_and_holds_the_quotas(profile: tuple[str, ...]) -> None:
+    docs = render(*profile)
+    conf = find(docs, "ConfigMap", names()["valkey"])["data"]["valkey.conf"]
+    settings = dict(line.strip().split(" ", 1) for line in conf.splitlines() if line.strip()[:1].isalpha())
+    statefulset = find(docs, "StatefulSet", names()["valkey"])
+    (valkey,) = [c for c in containers(statefulset) if c["name"] == "valkey"]
+    limit = valkey["resources"]["limits"]["memory"]
+    assert _size(settings["maxmemory"]) < _size(limit)
+    assert settings["client-output-buffer-limit"].startswith("normal ")
+    hard = settings["client-output-buffer-limit"].split()[1]
+    assert 4 * (1 << 20) < _size(hard) < _size(limit) - _size(settings["maxmemory"])
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        (("valkey.capacity.agents=4",), "is more than valkey.maxmemory"),
+        (("proxy.quota.bytes=1073741824", "valkey.capacity.agents=1"), "is more than valkey.maxmemory"),
+        (("valkey.maxmemory=1gb",), "must be below the container's memory limit"),
+        (("valkey.maxmemory=2gb", "valkey.capacity.agents=1"), "must be below the container's memory limit"),
+    ],
+)
+def test_the_chart_refuses_a_valkey_the_admitted_agents_could_overfill(settings: tuple[str, ...], why: str) -> None:
+    """A Valkey without a memory cap below its container, or one the agents' byte quotas can fill past
+    it, is OOM-killed before any agent sees a 507: such values are not rendered."""
+    args = [arg for setting in settings for arg in ("--set", setting)]
+    proc = run_helm("template", RELEASE, str(CHART), *args, check=False)
+    assert proc.returncode != 0, f"{settings} was accepted"
+    assert why in proc.stderr, proc.stderr
+
+
 def test_schema_requires_a_url_for_external_valkey() -> None:
     proc = run_helm("template", RELEASE, str(CHART), "--set", "valkey.enabled=false", check=False)
     assert proc.returncode != 0
@@ -686,6 +724,10 @@ def test_serving_limits_and_quotas_are_values() -> None:
         "--set-json", "proxy.limits.idleTimeoutSeconds=2.5",
         "--set", "proxy.quota.bytes=1073741824",
         "--set", "proxy.quota.burst=5",
+        # A Valkey sized for one agent at that quota (the chart refuses one that is not).
+        "--set", "valkey.maxmemory=2gb",
+        "--set", "valkey.resources.limits.memory=3Gi",
+        "--set", "valkey.capacity.agents=1",
     )  # fmt: skip
     proxy_env = plain_env(containers(find(docs, "Deployment", names()["proxy"]))[0])
     assert proxy_env[env.MAX_HEADER_BYTES] == "8192"
@@ -977,7 +1019,7 @@ def _store_commands() -> set[str]:
     source = STORE_SOURCE.read_text(encoding="utf-8")
     inside = {m.lower() for m in re.findall(r"redis\.call\('([A-Za-z]+)'", source)}
     direct = {m.lower() for m in re.findall(r"self\._client\.([a-z]+)\(", source)} - {"register_script"}
-    return inside | direct | {"evalsha", "script|load"}
+    return inside | direct | {"evalsha", "evalsha_ro", "script|load"}
 
 
 def _acl_commands(config_map: Doc) -> set[str]:

@@ -43,8 +43,9 @@ class _LimitedEcho:
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
         try:
-            self._limits.admit(scope)
+            self._limits.requests.check_head(scope)
             body = await self._limits.read_body(scope, proto)
+            self._limits.admit()
         except SessionMemError as exc:
             respond_error(proto, exc)
             return

@@ -17,7 +17,7 @@ from sessionmem_core import api, env
 from sessionmem_core.keys import Owner, session_key
 from sessionmem_launcher.server import Launcher
 from tests.conftest import launcher_settings
-from tests.support.conversations import BAD_IDS, exchange
+from tests.support.conversations import BAD_IDS, bad_id_error, exchange
 from tests.support.processes import ServiceProcess
 from tests.support.serving import serve_in_background
 from tests.support.valkey import ValkeyProcess, free_port
@@ -46,7 +46,7 @@ async def test_every_bad_conversation_id_is_a_typed_400_at_the_launcher(launcher
             body = orjson.dumps(exchange("x")) if method == "POST" else None
             response = await client.request(method, path, content=body)
             assert response.status_code == 400, (method, path, response.text)
-            assert response.json()["error"]["type"] == "invalid_conversation_id"
+            assert response.json()["error"]["type"] == bad_id_error(bad_id)
 
 
 async def test_a_bad_conversation_id_header_is_a_typed_400_in_the_managed_loop(launcher: Launcher) -> None:
@@ -235,3 +235,19 @@ async def test_readiness_waits_for_an_agent_that_is_starting_instead_of_failing(
     finally:
         await instance.stop()
     assert answer.status_code == 200
+
+
+async def test_spans_of_calls_the_launcher_refuses_itself_carry_the_scope(
+    launcher: Launcher, span_exporter: InMemorySpanExporter
+) -> None:
+    """A bad id, a write without a body, a turn handle that is not live: each refused by the launcher before
+    anything reaches the proxy, each a failed span that still says which scope was asked for."""
+    async with httpx.AsyncClient(base_url=memory_url(launcher)) as client:
+        bad_id = await client.get("/v1/conversations/a:b/entries")
+        no_body = await client.post("/v1/conversations/c/entries")
+        dead_turn = await client.get("/v1/conversations/c/entries", headers={api.TURN_HEADER: "not-live"})
+    assert [r.status_code for r in (bad_id, no_body, dead_turn)] == [400, 400, 401]
+    spans = [dict(s.attributes or {}) for s in span_exporter.get_finished_spans()]
+    assert len(spans) == 3
+    for attributes in spans:
+        assert attributes["memory.outcome"] != "ok" and attributes["memory.scope"] == "session", attributes

@@ -11,7 +11,7 @@ import pytest
 
 from sessionmem_core.devauth import dev_token
 from sessionmem_core.keys import Owner, session_key, shared_key
-from tests.support.conversations import BAD_IDS, exchange
+from tests.support.conversations import BAD_IDS, bad_id_error, exchange
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess
 
@@ -126,7 +126,7 @@ async def test_every_bad_conversation_id_is_a_typed_400(proxy_process: ServicePr
             body = orjson.dumps(exchange("x")) if method == "POST" else None
             response = await client.request(method, path, content=body, headers={"content-type": "application/json"})
             assert response.status_code == 400, (method, path, response.text)
-            assert response.json()["error"]["type"] == "invalid_conversation_id"
+            assert response.json()["error"]["type"] == bad_id_error(bad_id)
 
 
 async def test_body_over_one_mebibyte_is_413(proxy_process: ServiceProcess) -> None:

@@ -101,8 +101,8 @@ async def test_a_large_batch_is_redacted_off_the_event_loop() -> None:
         threads.append(threading.current_thread().name)
         return text.upper()
 
-    small = await Redaction.apply(record, ["a" * 10])
-    large = await Redaction.apply(record, ["b" * OFF_LOOP_CHARS, "c"])
+    small, _cpu = await Redaction.apply(record, ["a" * 10])
+    large, _cpu = await Redaction.apply(record, ["b" * OFF_LOOP_CHARS, "c"])
     assert small == ["A" * 10] and large == ["B" * OFF_LOOP_CHARS, "C"]
     assert threads[0] == threading.current_thread().name
     assert threads[1] == threads[2] != threading.current_thread().name

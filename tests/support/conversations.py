@@ -17,6 +17,13 @@ BAD_IDS = {
     "DEL": quote("a\x7fb"),
     "dot segment": "%2E%2E",
 }
+# Refused as a path (a segment that climbs) before any id is read from it (sessionmem_infra.serving.check_path).
+_REFUSED_AS_PATH = frozenset({BAD_IDS["dot segment"]})
+
+
+def bad_id_error(bad_id: str) -> str:
+    """The error type a server answers for ``bad_id`` in a request path."""
+    return "malformed_request" if bad_id in _REFUSED_AS_PATH else "invalid_conversation_id"
 
 
 def exchange(turn: str, user: str = "hi", assistant: str = "hello") -> dict[str, object]:

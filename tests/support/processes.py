@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -29,8 +30,18 @@ def stop_process_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM,
 
 
 class ServiceProcess:
-    def __init__(self, module: str, env: Mapping[str, str], port: int, health_path: str = "/healthz") -> None:
+    def __init__(
+        self,
+        module: str,
+        env: Mapping[str, str],
+        port: int,
+        health_path: str = "/healthz",
+        descriptor_limit: int | None = None,
+    ) -> None:
+        """``descriptor_limit``: the process's open-file limit, soft and hard (as a container runtime sets
+        it), instead of the one it would inherit."""
         self.module = module
+        self.descriptor_limit = descriptor_limit
         self.env = {**os.environ, **env}
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
@@ -46,6 +57,7 @@ class ServiceProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=None if self.descriptor_limit is None else self._limit_descriptors,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -56,6 +68,10 @@ class ServiceProcess:
                     return
             time.sleep(0.05)
         raise RuntimeError(f"{self.module} did not become healthy:\n{self.log_path.read_text()[-3000:]}")
+
+    def _limit_descriptors(self) -> None:
+        assert self.descriptor_limit is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.descriptor_limit, self.descriptor_limit))
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self._proc is not None:

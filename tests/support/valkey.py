@@ -32,6 +32,7 @@ class SyncValkey(Protocol):
     def exists(self, *names: str) -> int: ...
     def keys(self, pattern: str = "*") -> list[bytes]: ...
     def scan_iter(self, match: str | None = None) -> Iterator[bytes]: ...
+    def execute_command(self, *args: str) -> object: ...
 
 
 def free_port() -> int:
@@ -68,6 +69,11 @@ class ValkeyProcess:
     @property
     def url(self) -> str:
         return f"valkey://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "not started"
+        return self._proc.pid
 
     @property
     def addr(self) -> str:

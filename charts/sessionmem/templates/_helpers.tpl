@@ -362,3 +362,41 @@ imagePullSecrets:
     {{- end }}
   {{- end }}
 {{- end -}}
+
+{{/*
+A size in bytes (an integer) from a Valkey size (768mb, 2gb, 1000k: k/m/g powers of 1000, kb/mb/gb powers
+of 1024, any case) or a Kubernetes memory quantity (512Mi, 1Gi, 1G); fails on anything else.
+*/}}
+{{- define "sessionmem.bytes" -}}
+{{- $text := toString . | trim -}}
+{{- $unit := regexFind "[A-Za-z]+$" $text -}}
+{{- $number := trimSuffix $unit $text -}}
+{{- $units := dict "" 1 "k" 1000 "kb" 1024 "m" 1000000 "mb" 1048576 "g" 1000000000 "gb" 1073741824 "t" 1000000000000 "tb" 1099511627776 "ki" 1024 "mi" 1048576 "gi" 1073741824 "ti" 1099511627776 -}}
+{{- if or (not (regexMatch "^[0-9]+(\\.[0-9]+)?$" $number)) (not (hasKey $units (lower $unit))) -}}
+{{- fail (printf "%q is not a size (e.g. 768mb, 2gb, 512Mi, 1Gi)" $text) -}}
+{{- end -}}
+{{- mulf (float64 $number) (get $units (lower $unit)) | int64 -}}
+{{- end -}}
+
+{{/*
+The bundled Valkey's memory, checked: maxmemory below the container's memory limit (when one is set), and
+at least capacity.agents agents at their default byte quota. Fail-closed: a chart that would let the agents
+it admits fill Valkey past its container limit (OOM-killed before any agent sees a 507) is not rendered.
+*/}}
+{{- define "sessionmem.valkey.maxmemory" -}}
+{{- $valkey := .Values.valkey -}}
+{{- if not $valkey.maxmemory -}}
+{{- fail "valkey.maxmemory must be set, below valkey.resources.limits.memory" -}}
+{{- end -}}
+{{- $max := include "sessionmem.bytes" $valkey.maxmemory | int64 -}}
+{{- $limit := dig "resources" "limits" "memory" "" $valkey -}}
+{{- if and $limit (ge $max (include "sessionmem.bytes" $limit | int64)) -}}
+{{- fail (printf "valkey.maxmemory (%s) must be below the container's memory limit valkey.resources.limits.memory (%s): clients' buffers, Lua and the AOF rewrite need the rest" $valkey.maxmemory $limit) -}}
+{{- end -}}
+{{- $agents := int64 $valkey.capacity.agents -}}
+{{- $quota := int64 .Values.proxy.quota.bytes -}}
+{{- if gt (mul $agents $quota) $max -}}
+{{- fail (printf "valkey.capacity.agents (%d) x proxy.quota.bytes (%d) is more than valkey.maxmemory (%s, %d bytes): lower the quota or the agents, or raise maxmemory and the container's limit" $agents $quota $valkey.maxmemory $max) -}}
+{{- end -}}
+{{- $valkey.maxmemory -}}
+{{- end -}}
