@@ -32,14 +32,6 @@ RATE = MIB
 PACED_ENTRIES = 6
 
 
-@pytest.fixture(scope="module")
-def valkey() -> Iterator[ValkeyProcess]:
-    server = ValkeyProcess()
-    server.start()
-    yield server
-    server.close()
-
-
 def _proxy(valkey: ValkeyProcess, bytes_per_second: int) -> ServiceProcess:
     return dev_proxy(
         valkey.url,

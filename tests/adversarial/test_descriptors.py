@@ -28,14 +28,6 @@ MAX_CPU_SHARE = 0.1
 
 
 @pytest.fixture(scope="module")
-def valkey() -> Iterator[ValkeyProcess]:
-    server = ValkeyProcess()
-    server.start()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
 def crowded_proxy(valkey: ValkeyProcess) -> Iterator[ServiceProcess]:
     process = dev_proxy(
         valkey.url,
