@@ -20,29 +20,25 @@ def display_address(url: str) -> str:
 
 
 class BackendState:
-    """Up until a call says otherwise. ``down`` and ``up`` are cheap when nothing changes: the proxy calls
-    ``up`` on every successful operation."""
+    """Up until a call says otherwise. ``is_down`` is a plain attribute: the hot paths read it on every
+    successful operation and call ``up`` only when it is set, so a healthy backend costs them no call."""
 
-    __slots__ = ("_address", "_down", "_logger", "_what")
+    __slots__ = ("_address", "_logger", "_what", "is_down")
 
     def __init__(self, logger: logging.Logger, what: str, address: str) -> None:
         self._logger = logger
         self._what = what
         self._address = display_address(address)
-        self._down = False
-
-    @property
-    def is_down(self) -> bool:
-        return self._down
+        self.is_down = False
 
     def down(self, cause: str) -> None:
-        if not self._down:
-            self._down = True
+        if not self.is_down:
+            self.is_down = True
             self._logger.warning("%s at %s is down: %s", self._what, self._address, cause)
 
     def up(self) -> None:
-        if self._down:
-            self._down = False
+        if self.is_down:
+            self.is_down = False
             self._logger.warning("%s at %s is up again", self._what, self._address)
 
 

@@ -321,7 +321,7 @@ class Forwarder:
         if response.status == 503 and _error_type(response.body) == BackendUnavailable.error_type:
             # The proxy answered, but its backend did not: the proxy's message says why.
             self.memory.down(f"the proxy answered 503: {_error_message(response.body)}")
-        elif response.status < 500:
+        elif response.status < 500 and self.memory.is_down:
             self.memory.up()
         return MemoryReply(
             response.status,

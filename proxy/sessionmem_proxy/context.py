@@ -125,7 +125,8 @@ class conversation_operation:  # noqa: N801 - used like the function-style conte
     ) -> None:
         outcome = "internal" if exc is not None else "ok"
         if exc is None:
-            self._ctx.backend.up()
+            if self._ctx.backend.is_down:
+                self._ctx.backend.up()
         elif isinstance(exc, SessionMemError):
             outcome = exc.error_type
             observe_backend(self._ctx, exc)
