@@ -58,8 +58,12 @@ if TYPE_CHECKING:
 
 _FORMAT = b"\x01"
 _HEADER_BYTES = 1 + DEK_ID_BYTES
-_SEALED = re.compile(rb'^(\{"id":"([^"]*)","v":\d+),"sealed":"([A-Za-z0-9+/=]*)"\}$')
-_SEALED_START = re.compile(rb'^\{"id":"[^"]*","v":\d+,"sealed":')
+# What the scripts stamp on a stored entry after its id and version, and read there (``store``): kept in
+# clear, in front of the sealed part, in this order.
+_CLEAR_STAMPS = rb'(?:,"rewoundAt":\d+)?(?:,"idempotencyKey":"[^"]*")?'
+_SEALED = re.compile(rb'^(\{"id":"([^"]*)","v":\d+' + _CLEAR_STAMPS + rb'),"sealed":"([A-Za-z0-9+/=]*)"\}$')
+_SEALED_START = re.compile(rb'^\{"id":"[^"]*","v":\d+' + _CLEAR_STAMPS + rb',"sealed":')
+_OPENED = re.compile(rb'^(\{"id":"([^"]*)","v":\d+' + _CLEAR_STAMPS + rb"),(.*)$", re.S)
 # A reader that meets a DEK id other than the cached one asks the store again, at most this often per unit.
 _REFRESH_FLOOR_SECONDS = 1.0
 DEFAULT_CACHE_SECONDS = 30.0
@@ -81,7 +85,8 @@ class _Cached:
     fetched: float
 
 
-def _context(conversation_key: str, entry_id: str | bytes, header: bytes) -> bytes:
+def sealed_context(conversation_key: str, entry_id: str | bytes, header: bytes) -> bytes:
+    """The associated data of a sealed entry: what it is bound to."""
     entry = entry_id.encode() if isinstance(entry_id, str) else entry_id
     return b"sessionmem-entry\0" + conversation_key.encode() + b"\0" + entry + b"\0" + header
 
@@ -143,8 +148,17 @@ class Sealer:
         """What follows the id and version of a stored entry (``,"sealed":"..."}``) for the entry whose
         fields other than id and version are the JSON object ``body``."""
         nonce = os.urandom(NONCE_BYTES)
-        sealed = key.aead.encrypt(nonce, body, _context(conversation_key, entry_id, key.header))
+        sealed = key.aead.encrypt(nonce, body, sealed_context(conversation_key, entry_id, key.header))
         return b',"sealed":"' + base64.b64encode(key.header + nonce + sealed) + b'"}'
+
+    @staticmethod
+    def reseal(key: DataKey, conversation_key: str, opened: bytes) -> bytes:
+        """An opened entry (as ``open`` answers it) sealed anew for ``conversation_key``: what a fork
+        stores of the entries it copies (a sealed entry is bound to its conversation and does not move)."""
+        match = _OPENED.match(opened)
+        if match is None:
+            raise SealedEntryInvalid("an entry to seal is not in the stored form")
+        return match.group(1) + Sealer.seal(key, conversation_key, match.group(2).decode(), b"{" + match.group(3))
 
     async def open(self, conversation_key: str, raw_entries: Sequence[bytes]) -> list[bytes]:
         """The entries as the proxy answers them, opened; entries sealed with an erased DEK left out.
@@ -174,7 +188,7 @@ class Sealer:
                     continue  # sealed with a DEK that was destroyed: erased
             nonce, body = blob[_HEADER_BYTES : _HEADER_BYTES + NONCE_BYTES], blob[_HEADER_BYTES + NONCE_BYTES :]
             try:
-                plain = key.aead.decrypt(nonce, body, _context(conversation_key, match.group(2), header))
+                plain = key.aead.decrypt(nonce, body, sealed_context(conversation_key, match.group(2), header))
             except InvalidTag as exc:
                 raise SealedEntryInvalid(f"an entry of {conversation_key!r} does not open: altered or moved") from exc
             opened.append(match.group(1) + b"," + plain[1:])
@@ -188,9 +202,11 @@ class Sealer:
             return key
         return await self._fetch(unit)
 
-    async def erase(self, unit: str, whole_space: bool) -> list[str]:
-        """Destroy the DEK of ``unit`` (with ``whole_space``, of every unit of its agent or registry) and
-        forget it here; answers the units whose DEK was destroyed."""
+    async def erase(self, unit: str) -> list[str]:
+        """Destroy the DEK of ``unit`` (of every unit of an agent's or registry's space, when ``unit`` is
+        the space itself: an agent's erasure takes its users' buckets) and forget it here; answers the
+        units whose DEK was destroyed."""
+        whole_space = space_of(unit) == unit
         destroyed = await self.keys.destroy(unit, whole_space)
         space = space_of(unit)
         for cached in list(self._cache):

@@ -9,12 +9,13 @@ cap trims old entries (an entry count would stop at the cap).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import orjson
 from valkey.asyncio.cluster import ValkeyCluster
@@ -35,6 +36,13 @@ from sessionmem_core.errors import (
 )
 from sessionmem_core.ids import new_message_id
 from sessionmem_proxy.keying import usage_keys_of
+
+if TYPE_CHECKING:
+    from sessionmem_proxy.sealing import Sealer
+
+# What turns an entry's id and its fields (a JSON object) into what follows its id and version when it is
+# stored: sealed (``sealing.Sealer.seal``), or as they are.
+Seal = Callable[[str, bytes], bytes]
 
 _LOG = logging.getLogger("sessionmem.store")
 
@@ -620,7 +628,12 @@ class ValkeyLike(Protocol):
 
 
 def _entry_args(
-    entries: Sequence[EntryToStore], author: str, now_ms: int, client_flags: bool = False, ids_identify: bool = True
+    entries: Sequence[EntryToStore],
+    author: str,
+    now_ms: int,
+    client_flags: bool = False,
+    ids_identify: bool = True,
+    seal: Seal | None = None,
 ) -> list[str | bytes]:
     """(id, rest-of-entry) pairs; with ``client_flags``, (id, '1' if the client chose it and ids identify
     retries (``ids_identify``) else '0', rest).
@@ -640,15 +653,21 @@ def _entry_args(
                 f"an entry would store {len(rest)} bytes (content and item); at most {env.MAX_ENTRY_BYTES}"
             )
         # The id was validated (no quotes, no control characters), so it is safe inside a JSON string.
-        args.append(entry.id or new_message_id())
+        entry_id = entry.id or new_message_id()
+        args.append(entry_id)
         if client_flags:
             args.append("1" if entry.id and ids_identify else "0")
-        args.append(b"," + rest[1:])
+        args.append(b"," + rest[1:] if seal is None else seal(entry_id, rest))
     return args
 
 
 def append_args(
-    entries: Sequence[EntryToStore], author: str, cap: int, ttl_seconds: int, idempotency_key: str | None = None
+    entries: Sequence[EntryToStore],
+    author: str,
+    cap: int,
+    ttl_seconds: int,
+    idempotency_key: str | None = None,
+    seal: Seal | None = None,
 ) -> list[Any]:
     """ARGV of the append script (``APPEND_SCRIPT``) for one batch: what every append sends, and what
     the benchmark's Valkey ceiling sends to measure the same server-side step without the proxy. With
@@ -661,7 +680,7 @@ def append_args(
         RETRY_WINDOW_BYTES,
         RETRY_CHUNK_ENTRIES,
         idempotency_key or "",
-        *_entry_args(entries, author, _now_ms(), client_flags=True, ids_identify=idempotency_key is None),
+        *_entry_args(entries, author, _now_ms(), True, idempotency_key is None, seal),
     ]
 
 
@@ -672,9 +691,12 @@ APPEND_SCRIPT = _APPEND
 class ConversationStore:
     """Atomic operations on one conversation key; backend failures surface as BackendUnavailable."""
 
-    def __init__(self, client: ValkeyLike, ledger: UsageLedger | None = None) -> None:
+    def __init__(self, client: ValkeyLike, ledger: UsageLedger | None = None, sealer: Sealer | None = None) -> None:
         self._client = client
         self.ledger = ledger
+        # Encryption at rest (``sealing``): with a sealer, every entry is sealed on its way in and opened on
+        # its way out, so what the store answers is the same either way.
+        self.sealer = sealer
         # With a ledger on a standalone Valkey every write runs its counted script, otherwise its plain one.
         self._counted = ledger is not None and ledger.atomic
         counted = self._counted
@@ -699,7 +721,7 @@ class ConversationStore:
     ) -> AppendResult:
         """``quota``: the writer's storage limits, which a store that accounts its writes needs (``_write``);
         ``idempotency_key``: the append's, which then alone identifies a retry."""
-        args = append_args(entries, author, cap, ttl_seconds, idempotency_key)
+        args = append_args(entries, author, cap, ttl_seconds, idempotency_key, await self._seal(key))
         reply = await self._write(self._append, key, args, quota)
         version, stored, length, duplicates, added, created = reply
         if self.ledger is not None and not self._counted and int(stored):
@@ -724,13 +746,20 @@ class ConversationStore:
             raw = await self._client.lrange(key, -limit, -1)
         except _FAILURES as exc:
             _raise_backend_failure(exc)
-        return ReadResult(version=version_of(raw[-1]) if raw else 0, raw_entries=raw)
+        version = version_of(raw[-1]) if raw else 0
+        if self.sealer is not None:
+            raw = await self.sealer.open(key, raw)
+        return ReadResult(version=version, raw_entries=raw)
 
     async def read_with_summary(self, key: str, limit: int) -> ReadResult:
         if limit <= 0:
             return await self.read(key, 0)
         head, window = await self._call(self._read_with_summary, key, [limit, SUMMARY_ID_PREFIX])
         version = version_of(window[-1]) if window else 0
+        if self.sealer is not None:
+            opened = await self.sealer.open(key, window)
+            summary = await self.sealer.open(key, [head]) if head else []
+            return ReadResult(version=version, raw_entries=opened, raw_summary=summary[0] if summary else None)
         return ReadResult(version=version, raw_entries=list(window), raw_summary=head or None)
 
     async def info(self, key: str) -> tuple[int, int, int | None]:
@@ -745,12 +774,14 @@ class ConversationStore:
 
     async def read_all(self, key: str) -> ReadResult:
         raw: list[bytes] = await self._guard(self._client.lrange(key, 0, -1))
-        return ReadResult(version=version_of(raw[-1]) if raw else 0, raw_entries=raw)
+        version = version_of(raw[-1]) if raw else 0
+        return ReadResult(version=version, raw_entries=await self._open(key, raw))
 
     async def read_range(self, key: str, start: int, stop: int) -> list[bytes]:
-        """Entries ``start`` to ``stop`` (LRANGE indexes, inclusive): one page of an export."""
+        """Entries ``start`` to ``stop`` (LRANGE indexes, inclusive): one page of an export. (With sealing,
+        an entry whose data key was erased is left out, so a page may hold fewer than asked for.)"""
         raw: list[bytes] = await self._guard(self._client.lrange(key, start, stop))
-        return raw
+        return await self._open(key, raw)
 
     async def replace(
         self,
@@ -763,7 +794,8 @@ class ConversationStore:
         quota: StorageQuota | None = None,
     ) -> AppendResult:
         expected = "*" if expected_version is None else str(expected_version)
-        args: list[Any] = [expected, cap, ttl_seconds, *_entry_args(entries, author, _now_ms())]
+        entry_args = _entry_args(entries, author, _now_ms(), seal=await self._seal(key))
+        args: list[Any] = [expected, cap, ttl_seconds, *entry_args]
         version, stored, size = await self._write(self._replace, key, args, quota)
         if int(version) < 0:
             raise VersionConflict(f"conversation is at version {stored}, not {expected_version}")
@@ -794,7 +826,8 @@ class ConversationStore:
         version, length, raw, removed, delta, ttl = reply
         if self.ledger is not None and not self._counted and int(removed):
             await self._account(self._shrunk(key, int(delta), int(ttl)))
-        return PopResult(int(version), int(length), bytes(raw) if int(removed) else None)
+        opened = await self._open(key, [bytes(raw)]) if int(removed) else []
+        return PopResult(int(version), int(length), opened[0] if opened else None)
 
     async def rewind(self, key: str, to_version: int, expected_version: int | None = None) -> RewindResult:
         """Drop the entries written after ``to_version`` (a write when any were); VersionConflict on a mismatch."""
@@ -812,13 +845,27 @@ class ConversationStore:
     ) -> AppendResult:
         """A new conversation holding ``raw_entries`` as they are (a fork's copies); ConversationExists when
         the key holds one already."""
-        version, kept, *_ = await self._write(self._create, key, [cap, ttl_seconds, *raw_entries], quota)
+        stored: Sequence[bytes] = raw_entries
+        if self.sealer is not None and raw_entries:
+            dek = await self.sealer.writing_key(key)
+            stored = [self.sealer.reseal(dek, key, raw) for raw in raw_entries]
+        version, kept, *_ = await self._write(self._create, key, [cap, ttl_seconds, *stored], quota)
         if int(version) < 0:
             raise ConversationExists("a conversation with that id exists already")
         if self.ledger is not None and not self._counted:
-            size = sum(len(raw) for raw in raw_entries[-cap:])
+            size = sum(len(raw) for raw in stored[-cap:])
             await self._account(self.ledger.sized(key, size, ttl_seconds))
         return AppendResult(version=int(version), stored=int(kept), length=int(kept), created=True)
+
+    async def _seal(self, key: str) -> Seal | None:
+        """How this conversation's new entries are stored: sealed with its unit's data key (made on the
+        unit's first write), or as they are when sealing is off."""
+        if self.sealer is None:
+            return None
+        return functools.partial(self.sealer.seal, await self.sealer.writing_key(key), key)
+
+    async def _open(self, key: str, raw: list[bytes]) -> list[bytes]:
+        return raw if self.sealer is None else await self.sealer.open(key, raw)
 
     def _shrunk(self, key: str, delta: int, ttl: int) -> Awaitable[Usage]:
         assert self.ledger is not None

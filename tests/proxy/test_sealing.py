@@ -109,7 +109,7 @@ def test_erasure_destroys_the_key_and_a_later_write_makes_a_new_one(tmp_path: Pa
         raw = await _sealed(sealer, USER_KEY, "m1", SENTENCE)
         agent_raw = await _sealed(sealer, KEY, "m1", "the agent's own")
         assert await replica.open(USER_KEY, [raw]) != []
-        assert await sealer.erase(unit_of(USER_KEY), whole_space=False) == [unit_of(USER_KEY)]
+        assert await sealer.erase(unit_of(USER_KEY)) == [unit_of(USER_KEY)]
         assert await sealer.open(USER_KEY, [raw]) == []  # erased: left out
         assert await sealer.open(KEY, [agent_raw]) != []  # the agent's own unit is untouched
         fresh = await _sealed(sealer, USER_KEY, "m2", "after the erasure")
@@ -119,7 +119,7 @@ def test_erasure_destroys_the_key_and_a_later_write_makes_a_new_one(tmp_path: Pa
         late = Sealer(keyring, store, clock=lambda: replica_clock[0])
         assert len(await late.open(USER_KEY, [fresh])) == 1
         # Erasing the agent takes its users' buckets with it.
-        assert await sealer.erase(unit_of(KEY), whole_space=True) == sorted([unit_of(KEY), unit_of(USER_KEY)])
+        assert await sealer.erase(unit_of(KEY)) == sorted([unit_of(KEY), unit_of(USER_KEY)])
         assert await store.records() == []
         assert await Sealer(keyring, store).open(KEY, [agent_raw]) == []
 
@@ -133,7 +133,7 @@ def test_a_replica_seals_with_an_erased_key_at_most_its_cache_time(tmp_path: Pat
         now = [0.0]
         replica = Sealer(keyring, store, cache_seconds=30.0, clock=lambda: now[0])
         before = await replica.writing_key(KEY)
-        await Sealer(keyring, store).erase(unit_of(KEY), whole_space=False)
+        await Sealer(keyring, store).erase(unit_of(KEY))
         now[0] = 29.0
         assert (await replica.writing_key(KEY)).header == before.header  # still cached
         now[0] = 31.0
