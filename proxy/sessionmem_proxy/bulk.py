@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sessionmem_proxy.datakeys import unit_of_prefix
-from sessionmem_proxy.keying import keys_under
+from sessionmem_proxy.keying import data_key_unit_of_space, keys_under
 from sessionmem_proxy.store import ConversationStore
 
 _SCAN_BATCH = 200
@@ -82,6 +81,6 @@ async def erase_space(store: ConversationStore, prefix: str) -> Erasure:
     that is what makes the entries unreadable in the AOF, the snapshots, the replicas and the backups, and
     what a failure must stop (fail closed: nothing is reported erased while its key survives). A write
     that races the erasure lands sealed with a key that no longer exists, or under a new one."""
-    destroyed = await store.sealer.erase(unit_of_prefix(prefix)) if store.sealer is not None else None
+    destroyed = await store.sealer.erase(data_key_unit_of_space(prefix)) if store.sealer is not None else None
     removed, entries = await delete_all(store, prefix)
     return Erasure(removed, entries, destroyed)

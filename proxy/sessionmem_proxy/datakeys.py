@@ -50,7 +50,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from sessionmem_core.errors import DataKeyUnavailable, SealedEntryInvalid
-from sessionmem_core.keys import KEY_PREFIX
+from sessionmem_proxy.keying import data_key_space
 
 if TYPE_CHECKING:
     from sessionmem_core.env import ProxySettings
@@ -62,23 +62,6 @@ NONCE_BYTES = 12
 # A DEK id: 8 random bytes as 16 hex characters, stored with every entry it seals.
 DEK_ID_BYTES = 8
 MAX_KID_LENGTH = 64
-_USER = ":u:"
-
-
-def unit_of(conversation_key: str) -> str:
-    """The unit a conversation key's entries are sealed under: its key without ``mem:`` and the
-    conversation id (conversation ids hold no ``:``, so the unit is everything before the last one)."""
-    return conversation_key[len(KEY_PREFIX) : conversation_key.rindex(":")]
-
-
-def unit_of_prefix(prefix: str) -> str:
-    """The unit of a space or bucket prefix as ``keying`` builds them (``mem:<unit>:``)."""
-    return prefix[len(KEY_PREFIX) : -1]
-
-
-def space_of(unit: str) -> str:
-    """The agent (or registry) a unit belongs to."""
-    return unit.split(_USER, 1)[0]
 
 
 def _check_kid(kid: str) -> str:
@@ -234,7 +217,7 @@ class DirectoryDataKeyStore:
         self._root = root
 
     def _path(self, unit: str) -> Path:
-        return self._root / _digest(space_of(unit)) / f"{_digest(unit)}.json"
+        return self._root / _digest(data_key_space(unit)) / f"{_digest(unit)}.json"
 
     async def load(self, unit: str) -> WrappedDataKey | None:
         try:
@@ -335,7 +318,7 @@ class SecretDataKeyStore:
     def _secret(self, record: WrappedDataKey, resource_version: str | None = None) -> dict[str, object]:
         metadata: dict[str, object] = {
             "name": secret_name(record.unit),
-            "labels": {**_MANAGED, SPACE_LABEL: _digest(space_of(record.unit))},
+            "labels": {**_MANAGED, SPACE_LABEL: _digest(data_key_space(record.unit))},
             "annotations": {UNIT_ANNOTATION: record.unit},
         }
         if resource_version is not None:
@@ -372,7 +355,7 @@ class SecretDataKeyStore:
         if not whole_space:
             response = await self._call("DELETE", f"{self._base}/{secret_name(unit)}", ok=(200, 202, 404))
             return [unit] if response.status_code != 404 else []
-        selector = f"{SPACE_LABEL}={_digest(space_of(unit))}"
+        selector = f"{SPACE_LABEL}={_digest(data_key_space(unit))}"
         listed = orjson.loads((await self._call("GET", f"{self._base}?labelSelector={selector}")).content)
         units = sorted(self._record(item).unit for item in listed.get("items") or [])
         # One call for the space, and no Secret of another space can match its label.

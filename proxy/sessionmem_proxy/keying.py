@@ -10,6 +10,7 @@ from sessionmem_core.capability import Keyring, user_bucket, verify_capability
 from sessionmem_core.errors import AuthUnavailable, Forbidden, InvalidRequest, Unauthenticated, UserCapabilityRequired
 from sessionmem_core.ids import ConversationId
 from sessionmem_core.keys import (
+    KEY_PREFIX,
     Owner,
     Scope,
     conversation_of,
@@ -149,3 +150,25 @@ def bucket_and_conversation(owner: Owner, key: str) -> tuple[str | None, str] | 
 def usage_keys_of(conversation_key: str) -> tuple[str, str]:
     """The accounting keys (expiries, sizes) of the space a conversation counts against."""
     return usage_keys(usage_space(conversation_key))
+
+
+# --- encryption at rest: the units one data key seals (``datakeys``) ---
+
+_USER_BUCKET = ":u:"
+
+
+def data_key_unit(conversation_key: str) -> str:
+    """The unit a conversation's entries are sealed under: its key without ``mem:`` and the conversation
+    id (``<namespace>/<agent>``, ``<namespace>/<agent>:u:<bucket>`` or ``shared:<registry>``; conversation
+    ids hold no ``:``, so the unit is everything before the last one)."""
+    return conversation_key[len(KEY_PREFIX) : conversation_key.rindex(":")]
+
+
+def data_key_unit_of_space(prefix: str) -> str:
+    """The unit of a space or bucket prefix as built here (``mem:<unit>:``)."""
+    return prefix[len(KEY_PREFIX) : -1]
+
+
+def data_key_space(unit: str) -> str:
+    """The agent (or registry) a unit belongs to: erasing it erases every unit of the space."""
+    return unit.split(_USER_BUCKET, 1)[0]

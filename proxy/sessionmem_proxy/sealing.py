@@ -48,9 +48,8 @@ from sessionmem_proxy.datakeys import (
     KeyWrapper,
     key_store_from_settings,
     new_data_key,
-    space_of,
-    unit_of,
 )
+from sessionmem_proxy.keying import data_key_space, data_key_unit
 
 if TYPE_CHECKING:
     from sessionmem_core.env import ProxySettings
@@ -131,7 +130,7 @@ class Sealer:
 
     async def writing_key(self, conversation_key: str) -> DataKey:
         """The DEK new entries of this conversation are sealed with; the unit's first write makes it."""
-        unit = unit_of(conversation_key)
+        unit = data_key_unit(conversation_key)
         key = await self._current(unit)
         if key is not None:
             return key
@@ -181,9 +180,9 @@ class Sealer:
             if len(blob) < _HEADER_BYTES + NONCE_BYTES or header[:1] != _FORMAT:
                 raise SealedEntryInvalid("a sealed entry has an unknown format")
             if not looked_up:
-                key, looked_up = await self._current(unit_of(conversation_key)), True
+                key, looked_up = await self._current(data_key_unit(conversation_key)), True
             if key is None or key.header != header:
-                key = await self._refreshed(unit_of(conversation_key), key)
+                key = await self._refreshed(data_key_unit(conversation_key), key)
                 if key is None or key.header != header:
                     continue  # sealed with a DEK that was destroyed: erased
             nonce, body = blob[_HEADER_BYTES : _HEADER_BYTES + NONCE_BYTES], blob[_HEADER_BYTES + NONCE_BYTES :]
@@ -206,11 +205,11 @@ class Sealer:
         """Destroy the DEK of ``unit`` (of every unit of an agent's or registry's space, when ``unit`` is
         the space itself: an agent's erasure takes its users' buckets) and forget it here; answers the
         units whose DEK was destroyed."""
-        whole_space = space_of(unit) == unit
+        whole_space = data_key_space(unit) == unit
         destroyed = await self.keys.destroy(unit, whole_space)
-        space = space_of(unit)
+        space = data_key_space(unit)
         for cached in list(self._cache):
-            if cached == unit or (whole_space and space_of(cached) == space):
+            if cached == unit or (whole_space and data_key_space(cached) == space):
                 del self._cache[cached]
         return destroyed
 

@@ -23,8 +23,8 @@ from sessionmem_proxy.datakeys import (
     new_kek,
     rewrap,
     secret_name,
-    unit_of,
 )
+from sessionmem_proxy.keying import data_key_unit as unit_of
 from sessionmem_proxy.sealing import Sealer
 from tests.chart.test_lint import render
 from tests.harness.apiserver import KubeTestCluster
