@@ -192,11 +192,11 @@ _IF_MATCH = Parameter(
     {"type": "string"},
     "Expected version (as returned by a read); '*' or absent: any. A mismatch is a 412 version_conflict",
 )
-_PAGE_CURSOR = Parameter(
+_CATALOGUE_CURSOR = Parameter(
     "cursor",
     "query",
-    {"type": "string", "minLength": 1, "maxLength": 20, "pattern": "^[0-9]{1,20}$", "default": "0"},
-    "Where the page starts (the nextCursor of the page before)",
+    {"type": "string", "minLength": 1, "maxLength": 30, "pattern": "^[0-9]{1,20}(-[0-9]{1,9})?$", "default": "0"},
+    "Where the page starts (the nextCursor of the page before; 0: the newest)",
 )
 
 MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
@@ -304,6 +304,16 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         params=(_IF_MATCH,),
     ),
     MemoryOperation(
+        "compact",
+        "POST",
+        f"{CONVERSATION_PATH_TEMPLATE}/compact",
+        "Record a summary of the entries up to a version, keeping them: a read with summary=true answers it and "
+        "the entries after that version; an export answers both",
+        "CompactResponse",
+        "CompactRequest",
+        writes=True,
+    ),
+    MemoryOperation(
         "fork",
         "POST",
         f"{CONVERSATION_PATH_TEMPLATE}/fork",
@@ -316,17 +326,26 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "list",
         "GET",
         CONVERSATIONS_PATH,
-        "List the caller's conversations (paginated)",
+        "List the caller's conversations (the agent's own, or the end user's bucket), newest write first, "
+        "with their metadata (paginated)",
         "ConversationList",
         params=(
             Parameter(
                 LIMIT_PARAM,
                 "query",
                 {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
-                "Page size hint (Valkey SCAN): a page may hold more or fewer",
+                "At most this many conversations per page",
             ),
-            _PAGE_CURSOR,
+            _CATALOGUE_CURSOR,
         ),
+    ),
+    MemoryOperation(
+        "metadata",
+        "PATCH",
+        f"{CONVERSATION_PATH_TEMPLATE}/metadata",
+        "Set a conversation's title and labels in the catalogue (a field left out is kept; null clears it)",
+        "ConversationRef",
+        "MetadataRequest",
     ),
     MemoryOperation(
         "clear",

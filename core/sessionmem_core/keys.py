@@ -11,7 +11,10 @@ exactly two colons and one slash, a perUser key four colons and one slash, a sha
 Per-agent storage accounting (the proxy's quotas) keeps two keys per space:
 ``mem:usage:{<namespace>/<agent>}:expiry`` and ``mem:usage:{<namespace>/<agent>}:bytes``
 (``{shared:<registry>}`` for a registry's shared conversations); the braces are a real hash tag, so both share
-one Cluster slot. They cannot collide with a conversation key (``usage:{`` is no namespace, and a shared key
+one Cluster slot. The catalogue lives in the same slot: ``...:meta`` (each conversation's created time,
+entries, title and labels), ``...:summary`` (compaction summaries) and one newest-first index per listing,
+``...:recent`` (the agent's own or a registry's conversations) or ``...:recent:<bucket>`` (a user
+bucket's). They cannot collide with a conversation key (``usage:{`` is no namespace, and a shared key
 starts ``mem:shared:``), no conversation listing (``mem:<namespace>/<agent>:*``) finds them, and they stay
 under the ``mem:*`` keys the chart's Valkey ACL lets the proxy touch.
 """
@@ -106,13 +109,35 @@ def usage_keys(space: str) -> tuple[str, str]:
     return f"{USAGE_PREFIX}{{{space}}}:expiry", f"{USAGE_PREFIX}{{{space}}}:bytes"
 
 
+_BUCKET_IN_KEY = re.compile(r"^mem:[^:]+:u:([0-9a-f]{32}):")
+
+
+def bucket_of(conversation_key: str) -> str | None:
+    """The user bucket a conversation key (or a space prefix followed by anything) lives in, if any."""
+    match = _BUCKET_IN_KEY.match(conversation_key)
+    return match.group(1) if match else None
+
+
+def catalogue_keys(conversation_key: str) -> tuple[str, str, str]:
+    """(metadata, summaries, newest-first index) of the catalogue a conversation is listed in, in its
+    space's accounting slot: one metadata hash and one summaries hash per space, one index per listing
+    (the agent's own conversations, each user bucket's, a registry's shared ones)."""
+    space = usage_space(conversation_key)
+    bucket = bucket_of(conversation_key)
+    listing = f":{bucket}" if bucket else ""
+    tagged = f"{USAGE_PREFIX}{{{space}}}"
+    return f"{tagged}:meta", f"{tagged}:summary", f"{tagged}:recent{listing}"
+
+
 _ID = r'(?!\.\.?$)[^/:"\\\s\x00-\x1f\x7f-\x9f]{1,128}'
 _LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
 _LAYOUTS = (
     re.compile(rf"^mem:(?P<namespace>{_LABEL})/(?P<agent>{_LABEL}):(?P<cid>{_ID})$"),
     re.compile(rf"^mem:shared:(?P<registry>{_LABEL}):(?P<cid>{_ID})$"),
     re.compile(rf"^mem:(?P<namespace>{_LABEL})/(?P<agent>{_LABEL}):u:(?P<bucket>[0-9a-f]{{32}}):(?P<cid>{_ID})$"),
-    re.compile(rf"^mem:usage:\{{(?:{_LABEL}/{_LABEL}|shared:{_LABEL})\}}:(?:expiry|bytes)$"),
+    re.compile(
+        rf"^mem:usage:\{{(?:{_LABEL}/{_LABEL}|shared:{_LABEL})\}}:(?:expiry|bytes|meta|summary|recent(?::[0-9a-f]{{32}})?)$"
+    ),
 )
 
 

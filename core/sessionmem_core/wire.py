@@ -108,7 +108,9 @@ class History(_Model):
     version: int
     entries: list[Entry]
     summary: Entry | None = Field(
-        default=None, description="With summary=true: the rolling summary of older turns, if there is one."
+        default=None,
+        description="With summary=true, and on an export's first page: the conversation's summary, if there is "
+        "one (a compaction's: its v is the version it covers through; entries then start after it).",
     )
     next_offset: int | None = Field(
         default=None,
@@ -127,7 +129,23 @@ class ConversationInfo(_Model):
 
 
 class ConversationRef(_Model):
+    """A conversation as the catalogue lists it."""
+
     conversation_id: str = Field(alias="conversationId")
+    title: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    created: int | None = Field(default=None, description="Unix ms of its first write (as the catalogue saw it).")
+    updated: int | None = Field(default=None, description="Unix ms of its last write.")
+    entries: int | None = Field(default=None, description="Entries it holds.")
+    bucket: str | None = Field(default=None, description="The end user's bucket it lives in (perUser agents).")
+
+
+LabelName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")]
+
+
+class MetadataRequest(_Request):
+    title: str | None = Field(default=None, max_length=256)
+    labels: dict[LabelName, Annotated[str, Field(max_length=256)]] | None = Field(default=None, max_length=32)
 
 
 class ConversationList(_Model):
@@ -252,6 +270,18 @@ class RewindResponse(_Model):
     version: int = Field(description="The version after the rewind (it moves on; 0 once nothing is left).")
     removed: int
     length: int
+    scope: str
+
+
+class CompactRequest(_Request):
+    summary: EntryIn
+    through_version: int = Field(
+        alias="throughVersion", ge=0, description="The summary covers the entries written at or before it."
+    )
+
+
+class CompactResponse(_Model):
+    version: int = Field(description="The conversation's version (a compaction adds no entry).")
     scope: str
 
 

@@ -13,6 +13,8 @@ from sessionmem_core.keys import (
     KEY_PREFIX,
     Owner,
     Scope,
+    bucket_of,
+    catalogue_keys,
     conversation_of,
     per_user_prefix,
     session_prefix,
@@ -147,9 +149,21 @@ def bucket_and_conversation(owner: Owner, key: str) -> tuple[str | None, str] | 
     return conversation_of(session_prefix(owner), key)
 
 
-def usage_keys_of(conversation_key: str) -> tuple[str, str]:
-    """The accounting keys (expiries, sizes) of the space a conversation counts against."""
-    return usage_keys(usage_space(conversation_key))
+def usage_keys_of(conversation_key: str) -> tuple[str, ...]:
+    """The accounting keys (expiries, sizes) of the space a conversation counts against, then its
+    catalogue's (metadata, summaries, the index it is listed in): one Cluster slot."""
+    return (*usage_keys(usage_space(conversation_key)), *catalogue_keys(conversation_key))
+
+
+def listing_key(space: str) -> str:
+    """A key standing for any conversation directly under a space prefix (an agent's, a user bucket's, a
+    registry's): its ``usage_keys_of`` are that listing's accounting and catalogue keys."""
+    return space + "_"
+
+
+def bucket_of_space(key_or_space: str) -> str | None:
+    """The user bucket a conversation key or a space prefix lives in (perUser), None for any other."""
+    return bucket_of(key_or_space)
 
 
 # --- encryption at rest: the units one data key seals (``datakeys``) ---

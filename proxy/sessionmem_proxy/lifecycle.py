@@ -7,15 +7,16 @@ import orjson
 from pydantic import BaseModel
 
 from sessionmem_core import api, wire
-from sessionmem_core.errors import Forbidden, InvalidRequest
+from sessionmem_core.errors import Forbidden, InvalidRequest, NotFound
 from sessionmem_core.ids import parse_conversation_id
 from sessionmem_core.keys import Scope
-from sessionmem_proxy.bulk import conversations_under, erase_space, export_page
+from sessionmem_proxy.bulk import erase_space, export_page
 from sessionmem_proxy.context import ProxyContext, identify
 from sessionmem_proxy.hot import new_entries, operation
-from sessionmem_proxy.keying import conversation_in, sibling_key
+from sessionmem_proxy.keying import bucket_of_space, conversation_in, listing_key, sibling_key, usage_keys_of
 from sessionmem_proxy.params import (
     ClearParams,
+    CompactParams,
     ConditionalParams,
     ConversationParams,
     EraseUserParams,
@@ -26,7 +27,7 @@ from sessionmem_proxy.params import (
     SearchParams,
 )
 from sessionmem_proxy.replies import Reply, memory_reply, model_reply
-from sessionmem_proxy.store import search_entries, without_rewound_at, written_at
+from sessionmem_proxy.store import CatalogueRecord, search_entries, without_rewound_at, written_at
 
 
 async def search(ctx: ProxyContext, p: SearchParams, _: BaseModel | None) -> Reply:
@@ -120,6 +121,17 @@ async def rewind(ctx: ProxyContext, p: ConditionalParams, body: BaseModel | None
         return memory_reply(response, op.scope, result.length, result.version)
 
 
+async def compact(ctx: ProxyContext, p: CompactParams, body: BaseModel | None) -> Reply:
+    """Record a summary of the entries up to a version; the entries stay (docs/summary.md)."""
+    assert isinstance(body, wire.CompactRequest)  # the route table validated it
+    async with operation(ctx, "compact", p) as op:
+        _refuse_on_shared(op.scope)
+        (summary,) = await new_entries(ctx, [body.summary], p.redact)
+        version = await ctx.store.compact(op.key, summary, op.identity.owner.author, body.through_version, op.limits)
+        op.span.version = version
+        return memory_reply(wire.CompactResponse(version=version, scope=op.scope), op.scope, 0, version)
+
+
 async def fork(ctx: ProxyContext, p: ForkParams, body: BaseModel | None) -> Reply:
     """The source's entries written at or before ``atVersion`` (as they were written: a pop's or a
     rewind's stamp dropped), copied into a new conversation of the same space. Read, then created only
@@ -171,12 +183,15 @@ async def export(ctx: ProxyContext, p: ExportParams, _: BaseModel | None) -> Rep
             length, version, _ttl = await ctx.store.info(op.key)
             page, next_offset = await export_page(ctx.store, op.key, p.offset, length)
             op.span.entries, op.span.version = len(page), version
-            body = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[%s],"nextOffset":%s}' % (
+            # The first page carries the compaction summary too: an export answers everything kept.
+            summary = await ctx.store.summary_of(op.key) if p.offset == 0 else None
+            body = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[%s],"nextOffset":%s%s}' % (
                 orjson.dumps(op.conversation),
                 op.scope.encode(),
                 version,
                 b",".join(page),
                 b"null" if next_offset is None else b"%d" % next_offset,
+                b',"summary":' + summary if summary else b"",
             )
             await quotas.pace(owner, len(body))
         finally:
@@ -184,24 +199,53 @@ async def export(ctx: ProxyContext, p: ExportParams, _: BaseModel | None) -> Rep
     return memory_reply(body, op.scope, length, version)
 
 
+def _catalogue_cursor(cursor: str) -> tuple[int, int] | None:
+    if cursor == "0":
+        return None
+    score, _, taken = cursor.partition("-")
+    return int(score), int(taken or "0")
+
+
 async def list_conversations(ctx: ProxyContext, p: ListParams, _: BaseModel | None) -> Reply:
-    cursor = int(p.cursor)
-    if cursor >= 2**64:
-        raise InvalidRequest("cursor is not one this server returned")
+    """The caller's conversations (the agent's own, a user bucket's with a capability, or a registry's),
+    newest write first, from the catalogue the writes keep (no keyspace scan)."""
     with ctx.tracer.span("list", "", p.traceparent) as span:
         identity = await identify(ctx, p.authorization)
         per_user = (await ctx.quotas.policy_of(identity.owner)).per_user
         key_prefix, scope_used = await ctx.keys.resolve_prefix(identity, p.scope, p.capability, per_user)
-        keys, next_cursor = await conversations_under(ctx.store, key_prefix, cursor, p.limit, direct_only=True)
-        span.scope, span.entries = scope_used, len(keys)
-        return model_reply(
-            wire.ConversationList(
-                conversations=[
-                    wire.ConversationRef(conversationId=conversation_in(key_prefix, k)) for k in sorted(keys)
-                ],
-                nextCursor=str(next_cursor) if next_cursor else None,
-            )
+        expiries, _sizes, meta, _summaries, index = usage_keys_of(listing_key(key_prefix))
+        page = await ctx.store.catalogue_page(index, expiries, meta, _catalogue_cursor(p.cursor), p.limit)
+        span.scope, span.entries = scope_used, len(page.records)
+        bucket = bucket_of_space(key_prefix)
+        response = wire.ConversationList(
+            conversations=[_ref(conversation_in(key_prefix, r.key), r, bucket) for r in page.records],
+            nextCursor=None if page.cursor is None else f"{page.cursor[0]}-{page.cursor[1]}",
         )
+        ctx.quotas.charge(identity.owner, 64 * len(page.records))
+        return model_reply(response)
+
+
+def _ref(conversation: str, record: CatalogueRecord, bucket: str | None) -> wire.ConversationRef:
+    return wire.ConversationRef(
+        conversationId=conversation,
+        title=record.title,
+        labels=record.labels,
+        created=record.created,
+        updated=record.updated,
+        entries=record.entries,
+        bucket=bucket,
+    )
+
+
+async def set_metadata(ctx: ProxyContext, p: ConversationParams, body: BaseModel | None) -> Reply:
+    assert isinstance(body, wire.MetadataRequest)  # the route table validated it
+    given = body.model_fields_set
+    async with operation(ctx, "metadata", p) as op:
+        record = await ctx.store.set_metadata(op.key, ("title" in given, body.title), ("labels" in given, body.labels))
+        if record is None:
+            raise NotFound(f"no conversation {op.conversation} in the catalogue")
+        op.span.entries = record.entries
+        return model_reply(_ref(op.conversation, record, bucket_of_space(op.key)))
 
 
 async def clear_all(ctx: ProxyContext, p: ClearParams, _: BaseModel | None) -> Reply:

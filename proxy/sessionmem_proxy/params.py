@@ -276,6 +276,15 @@ def declared(cls: C) -> C:
 
 LIST_LIMIT = from_contract("list", api.LIMIT_PARAM)
 CURSOR = from_contract("list", "cursor")
+ADMIN_CURSOR = text(
+    "cursor",
+    "cursor",
+    default="0",
+    min_length=1,
+    max_length=20,
+    pattern="[0-9]{1,20}",
+    description="Where the page starts (the nextCursor of the page before)",
+)
 SEARCH_Q = from_contract("search", "q")
 SEARCH_LIMIT = from_contract("search", api.LIMIT_PARAM)
 CONFIRM = from_contract("clear", "confirm")
@@ -382,6 +391,19 @@ class ConditionalParams:
     traceparent: str | None
     capability: str | None
     if_match: str | None
+    verified: AgentIdentity | None = None
+
+
+@declared
+@dataclass(slots=True)
+class CompactParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, REDACT)
+    conversation_id: str
+    scope: Scope
+    authorization: str | None
+    traceparent: str | None
+    capability: str | None
+    redact: str
     verified: AgentIdentity | None = None
 
 
@@ -518,7 +540,7 @@ class AdminRegistryParams:
 @declared
 @dataclass(slots=True)
 class AdminListParams:
-    PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN_SPACE, ADMIN_LIST_LIMIT, CURSOR)
+    PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN_SPACE, ADMIN_LIST_LIMIT, ADMIN_CURSOR)
     namespace: str
     agent: str
     authorization: str | None

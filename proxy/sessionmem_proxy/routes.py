@@ -175,9 +175,23 @@ ROUTES = (  # no annotation: each route is checked against its own handler
     _memory("pop", params.ConditionalParams, lifecycle.pop, CALLER_STATUSES | {412}, "memory"),
     _memory("rewind", params.ConditionalParams, lifecycle.rewind, CALLER_STATUSES | BODY_STATUSES | {412}, "memory"),
     _memory(
+        "compact",
+        params.CompactParams,
+        lifecycle.compact,
+        CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {404},
+        "memory",
+    ),
+    _memory(
         "fork", params.ForkParams, lifecycle.fork, CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {409}, "memory"
     ),
     _memory("list", params.ListParams, lifecycle.list_conversations, CALLER_STATUSES, "lifecycle"),
+    _memory(
+        "metadata",
+        params.ConversationParams,
+        lifecycle.set_metadata,
+        CALLER_STATUSES | BODY_STATUSES | {404},
+        "lifecycle",
+    ),
     _memory("clear", params.ClearParams, lifecycle.clear_all, CALLER_STATUSES, "lifecycle"),
     Route(
         "admin_erase_agent",

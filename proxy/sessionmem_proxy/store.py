@@ -29,6 +29,7 @@ from sessionmem_core.errors import (
     BackendUnavailable,
     ConversationExists,
     InvalidRequest,
+    NotFound,
     PayloadTooLarge,
     QuotaExceeded,
     SessionMemError,
@@ -175,7 +176,7 @@ local function append(key, a)
     length = cap
   end
   redis.call('EXPIRE', key, ttl)
-  return {v, #batch, length, duplicates, added, tail and 0 or 1}, tail and 'add' or 'set', added, ttl
+  return {v, #batch, length, duplicates, added, tail and 0 or 1}, tail and 'add' or 'set', added, ttl, length
 end
 """
 
@@ -202,7 +203,7 @@ local function replace(key, a)
   local kept = math.min(#batch, cap)
   local size = 0
   for i = #batch - kept + 1, #batch do size = size + #batch[i] end
-  return {v, kept, size}, 'set', size, ttl
+  return {v, kept, size}, 'set', size, ttl, kept
 end
 """
 
@@ -222,7 +223,7 @@ local function pop(key, a)
   local length = redis.call('LLEN', key)
   if length == 0 then return {0, 0, tail, 1, -#tail, 0}, 'forget', 0, 0 end
   local delta = mark_rewound(key, v + 1) - #tail
-  return {v + 1, length, tail, 1, delta, ttl}, 'add', delta, ttl
+  return {v + 1, length, tail, 1, delta, ttl}, 'add', delta, ttl, length
 end
 """
 
@@ -248,7 +249,8 @@ local function rewind(key, a)
   if removed == 0 then return {v, 0, redis.call('LLEN', key), 0, 0} end
   if not tail then return {0, removed, 0, delta, 0}, 'forget', 0, 0 end
   delta = delta + mark_rewound(key, v + 1)
-  return {v + 1, removed, redis.call('LLEN', key), delta, ttl}, 'add', delta, ttl
+  local length = redis.call('LLEN', key)
+  return {v + 1, removed, length, delta, ttl}, 'add', delta, ttl, length
 end
 """
 
@@ -265,7 +267,7 @@ local function create(key, a)
   local kept = redis.call('LRANGE', key, 0, -1)
   local size = 0
   for _, e in ipairs(kept) do size = size + #e end
-  return {version_of(kept[#kept]), #kept}, 'set', size, ttl
+  return {version_of(kept[#kept]), #kept}, 'set', size, ttl, #kept
 end
 """
 
@@ -280,7 +282,30 @@ end
 # - usage_admit prunes, then reserves (or refuses and settles), answering the time and the verdict;
 # - usage_apply accounts a write ('add' bytes, 'set' the conversation's size) or a delete ('forget');
 # - usage_settle expires the keys with their last conversation and answers {conversations, bytes}.
+# The catalogue (``keying.usage_keys_of``: metadata, summaries and the conversation's newest-first index,
+# in the same slot) is kept in the same step: ``CATALOGUE`` names its keys, and the accounting of a write
+# updates the conversation's record and index entry (``catalogue_touch``, with the entries it holds) or
+# drops them with it (``catalogue_forget``: a delete, an erasure, an expiry found by the prune). Its
+# fields per conversation key K: 'c:K' created, 'n:K' entries, 'r:K' the index it is listed in, 'ti:K'
+# title and 'la:K' labels (JSON); the index's score is the last write's time.
 _USAGE_FUNCTIONS = """
+local CATALOGUE = nil
+local function catalogue_forget(field)
+  if not CATALOGUE then return end
+  local listed = redis.call('HGET', CATALOGUE.meta, 'r:' .. field)
+  if listed then redis.call('ZREM', listed, field) end
+  redis.call('HDEL', CATALOGUE.meta, 'c:' .. field, 'n:' .. field, 'r:' .. field, 'ti:' .. field, 'la:' .. field)
+  redis.call('HDEL', CATALOGUE.summary, field)
+end
+local function catalogue_touch(field, now, length, ttl)
+  if not CATALOGUE then return end
+  if length == 0 then return catalogue_forget(field) end
+  redis.call('HSETNX', CATALOGUE.meta, 'c:' .. field, now)
+  redis.call('HSET', CATALOGUE.meta, 'n:' .. field, length, 'r:' .. field, CATALOGUE.recent)
+  redis.call('ZADD', CATALOGUE.recent, now, field)
+  local keep = ttl * 1000 + 1000
+  if redis.call('PTTL', CATALOGUE.recent) < keep then redis.call('PEXPIRE', CATALOGUE.recent, keep) end
+end
 local function usage_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -291,6 +316,7 @@ local function usage_prune(expiries, sizes, now)
     redis.call('HINCRBY', sizes, 'total', -tonumber(redis.call('HGET', sizes, f) or '0'))
     redis.call('HDEL', sizes, f)
     redis.call('ZREM', expiries, f)
+    catalogue_forget(f)
   end
 end
 local function usage_reserve(expiries, sizes, field, now, max_conversations, max_bytes)
@@ -301,16 +327,19 @@ local function usage_reserve(expiries, sizes, field, now, max_conversations, max
   end
   return 0
 end
-local function usage_apply(expiries, sizes, field, op, amount, ttl, now)
+local function usage_apply(expiries, sizes, field, op, amount, ttl, now, length)
   local old = tonumber(redis.call('HGET', sizes, field) or '0')
   if op == 'forget' then
     redis.call('HDEL', sizes, field)
     redis.call('HINCRBY', sizes, 'total', -old)
     redis.call('ZREM', expiries, field)
+    catalogue_forget(field)
     return
   end
+  if length then catalogue_touch(field, now, length, ttl) end
   local new = amount
   if op == 'add' then new = old + amount end
+  if op == 'set' and CATALOGUE then redis.call('HDEL', CATALOGUE.summary, field) end
   if new < 0 then new = 0 end
   redis.call('HSET', sizes, field, new)
   redis.call('HINCRBY', sizes, 'total', new - old)
@@ -320,12 +349,17 @@ local function usage_settle(expiries, sizes)
   local count = redis.call('ZCARD', expiries)
   if count == 0 then
     redis.call('DEL', expiries, sizes)
+    if CATALOGUE then redis.call('DEL', CATALOGUE.meta, CATALOGUE.summary) end
     return {0, 0}
   end
   local last = redis.call('ZRANGE', expiries, -1, -1, 'WITHSCORES')
   local at = math.floor(tonumber(last[2])) + 1000
   redis.call('PEXPIREAT', expiries, at)
   redis.call('PEXPIREAT', sizes, at)
+  if CATALOGUE then
+    redis.call('PEXPIREAT', CATALOGUE.meta, at)
+    redis.call('PEXPIREAT', CATALOGUE.summary, at)
+  end
   return {count, tonumber(redis.call('HGET', sizes, 'total') or '0')}
 end
 local function usage_admit(expiries, sizes, field, max_conversations, max_bytes)
@@ -338,14 +372,16 @@ end
 """
 
 # counted(write): a write behind its quota check and with its accounting, one atomic step. KEYS = the
-# conversation, expiries, sizes; ARGV = max conversations, max bytes, then the write's own arguments.
-# Answers {0, the write's reply}, or {verdict} when refused (1 or 2: nothing written).
+# conversation, expiries, sizes, then the catalogue's metadata, summaries and index; ARGV = max
+# conversations, max bytes, then the write's own arguments. Answers {0, the write's reply}, or {verdict}
+# when refused (1 or 2: nothing written).
 _COUNTED_FUNCTION = """
 local function counted(write)
+  CATALOGUE = {meta = KEYS[4], summary = KEYS[5], recent = KEYS[6]}
   local now, verdict = usage_admit(KEYS[2], KEYS[3], KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]))
   if verdict ~= 0 then return {verdict} end
-  local reply, op, bytes, ttl = write(KEYS[1], 3)
-  if op then usage_apply(KEYS[2], KEYS[3], KEYS[1], op, bytes, ttl, now) end
+  local reply, op, bytes, ttl, length = write(KEYS[1], 3)
+  if op then usage_apply(KEYS[2], KEYS[3], KEYS[1], op, bytes, ttl, now, length) end
   usage_settle(KEYS[2], KEYS[3])
   return {0, reply}
 end
@@ -356,10 +392,11 @@ end
 # (what frees storage is never refused for want of it). KEYS and ARGV as ``counted``'s.
 _SHRINKING_FUNCTION = """
 local function shrinking(write)
+  CATALOGUE = {meta = KEYS[4], summary = KEYS[5], recent = KEYS[6]}
   local now = usage_now()
   usage_prune(KEYS[2], KEYS[3], now)
-  local reply, op, bytes, ttl = write(KEYS[1], 3)
-  if op then usage_apply(KEYS[2], KEYS[3], KEYS[1], op, bytes, ttl, now) end
+  local reply, op, bytes, ttl, length = write(KEYS[1], 3)
+  if op then usage_apply(KEYS[2], KEYS[3], KEYS[1], op, bytes, ttl, now, length) end
   usage_settle(KEYS[2], KEYS[3])
   return {0, reply}
 end
@@ -382,12 +419,14 @@ _REWIND, _REWIND_COUNTED = _scripts(_REWIND_FUNCTION, "rewind", admitted=False)
 _CREATE, _CREATE_COUNTED = _scripts(_CREATE_FUNCTION, "create")
 
 # The accounting alone (a Cluster, where it cannot share a script with the conversation): KEYS =
-# expiries, sizes; ARGV = op ('reserve' max-conversations max-bytes | 'add' bytes ttl | 'set' bytes ttl |
-# 'forget' | 'peek'), the conversation key, two numbers. Answers {conversations, bytes, 1 when the
+# expiries, sizes, the catalogue's three; ARGV = op ('reserve' max-conversations max-bytes | 'add' bytes
+# ttl | 'set' bytes ttl | 'forget' | 'peek'), the conversation key, two numbers, the entries it holds
+# ('' when not known: the catalogue keeps its record). Answers {conversations, bytes, 1 when the
 # conversation was counted already, verdict}.
 _USAGE = (
     _USAGE_FUNCTIONS
     + """
+CATALOGUE = {meta = KEYS[3], summary = KEYS[4], recent = KEYS[5]}
 local now = usage_now()
 usage_prune(KEYS[1], KEYS[2], now)
 local op, field = ARGV[1], ARGV[2]
@@ -396,7 +435,7 @@ local verdict = 0
 if op == 'reserve' then
   verdict = usage_reserve(KEYS[1], KEYS[2], field, now, tonumber(ARGV[3]), tonumber(ARGV[4]))
 elseif op ~= 'peek' then
-  usage_apply(KEYS[1], KEYS[2], field, op, tonumber(ARGV[3]), tonumber(ARGV[4]), now)
+  usage_apply(KEYS[1], KEYS[2], field, op, tonumber(ARGV[3]), tonumber(ARGV[4]), now, tonumber(ARGV[5]))
 end
 local totals = usage_settle(KEYS[1], KEYS[2])
 return {totals[1], totals[2], known, verdict}
@@ -416,11 +455,12 @@ return {n, v}
 """
 )
 
-# Delete with its accounting: KEYS = the conversation, expiries, sizes.
+# Delete with its accounting: KEYS = the conversation, expiries, sizes, the catalogue's three.
 _DELETE_COUNTED = (
     _USAGE_FUNCTIONS
     + _VERSION_FUNCTIONS
     + """
+CATALOGUE = {meta = KEYS[4], summary = KEYS[5], recent = KEYS[6]}
 local v = version_of(redis.call('LINDEX', KEYS[1], -1))
 if ARGV[1] ~= '*' and tonumber(ARGV[1]) ~= v then return {-1, v} end
 local n = redis.call('LLEN', KEYS[1])
@@ -438,9 +478,15 @@ _INFO = """#!lua flags=no-writes
 return {redis.call('LLEN', KEYS[1]), redis.call('LINDEX', KEYS[1], -1) or '', redis.call('PTTL', KEYS[1])}
 """
 
-# Read with summary: the window, plus the oldest entry when it is a rolling summary outside the window.
+# Read with summary: the window, and the conversation's compaction summary (KEYS[2], the catalogue's
+# summaries, field ARGV[3]: standalone only) answering {summary, window, 1}; or else the oldest entry when it
+# is a rolling summary outside the window, answering {head or '', window, 0}.
 _READ_WITH_SUMMARY = """#!lua flags=no-writes
 local window = redis.call('LRANGE', KEYS[1], -tonumber(ARGV[1]), -1)
+if KEYS[2] then
+  local summary = redis.call('HGET', KEYS[2], ARGV[3])
+  if summary then return {summary, window, 1} end
+end
 local n = redis.call('LLEN', KEYS[1])
 local head = ''
 if n > #window then
@@ -448,8 +494,92 @@ if n > #window then
   local marker = '{"id":"' .. ARGV[2]
   if string.sub(head, 1, #marker) ~= marker then head = '' end
 end
-return {head, window}
+return {head, window, 0}
 """
+
+# A conversation's compaction summary: KEYS = the catalogue's summaries; ARGV = the conversation key.
+_SUMMARY_OF = """#!lua flags=no-writes
+return redis.call('HGET', KEYS[1], ARGV[1]) or ''
+"""
+
+# Record a compaction summary, in the accounting's slot: KEYS = expiries, sizes, the catalogue's three;
+# ARGV = the conversation key, the summary as stored, the conversation's TTL, max conversations, max
+# bytes. Its bytes count with the conversation's (a 'set' of its size, a replace or a new conversation,
+# drops it: ``usage_apply``). Answers the verdict (0 recorded; 1, 2 refused: ``counted``'s).
+_COMPACT = (
+    _USAGE_FUNCTIONS
+    + """
+CATALOGUE = {meta = KEYS[3], summary = KEYS[4], recent = KEYS[5]}
+local field, raw, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local now, verdict = usage_admit(KEYS[1], KEYS[2], field, tonumber(ARGV[4]), tonumber(ARGV[5]))
+if verdict ~= 0 then return verdict end
+local old = redis.call('HSTRLEN', KEYS[4], field)
+redis.call('HSET', KEYS[4], field, raw)
+usage_apply(KEYS[1], KEYS[2], field, 'add', #raw - old, ttl, now, nil)
+usage_settle(KEYS[1], KEYS[2])
+return 0
+"""
+)
+
+# A page of a catalogue index, newest write first: KEYS = the index, expiries, metadata; ARGV = the
+# highest score to start from ('+inf', or a page's cursor score), how many members of that score the pages
+# before took, the page size. Conversations past their expiry (not pruned yet) are skipped. Answers
+# {records, 1 when there is more, cursor score, cursor count}; a record is {key, last write, created,
+# entries, title, labels}. At most 2,000 members are examined per page (a page may end early).
+_CATALOGUE_PAGE = """#!lua flags=no-writes
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local max, skip, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local out, more, examined = {}, 0, 0
+local at_score, at_count = max, skip
+local offset = skip
+while more == 0 and examined < 2000 do
+  local members = redis.call('ZREVRANGEBYSCORE', KEYS[1], max, '-inf', 'WITHSCORES', 'LIMIT', offset, 100)
+  if #members == 0 then break end
+  for i = 1, #members, 2 do
+    local field, score = members[i], members[i + 1]
+    local expiry = redis.call('ZSCORE', KEYS[2], field)
+    local live = expiry and tonumber(expiry) > now
+    if live and #out == limit then
+      more = 1
+      break
+    end
+    examined = examined + 1
+    if score == at_score then at_count = at_count + 1 else at_score, at_count = score, 1 end
+    if live then
+      out[#out + 1] = {field, score, redis.call('HGET', KEYS[3], 'c:' .. field) or '',
+        redis.call('HGET', KEYS[3], 'n:' .. field) or '', redis.call('HGET', KEYS[3], 'ti:' .. field) or '',
+        redis.call('HGET', KEYS[3], 'la:' .. field) or ''}
+    end
+  end
+  offset = offset + #members / 2
+end
+if examined >= 2000 then more = 1 end
+return {out, more, at_score, at_count}
+"""
+
+# Set a conversation's title and labels: KEYS = metadata; ARGV = the conversation key, then for the title
+# and the labels each '1' and its value (JSON text for the labels; '' clears), or '0' to keep it. Answers
+# {0} when the catalogue holds no such conversation, else {1, created, entries, title, labels, index}.
+_SET_METADATA = """
+local field = ARGV[1]
+if redis.call('HEXISTS', KEYS[1], 'n:' .. field) == 0 then return {0} end
+local function set(name, flag, value)
+  if flag ~= '1' then return end
+  if value == '' then
+    redis.call('HDEL', KEYS[1], name .. field)
+  else
+    redis.call('HSET', KEYS[1], name .. field, value)
+  end
+end
+set('ti:', ARGV[2], ARGV[3])
+set('la:', ARGV[4], ARGV[5])
+local record = redis.call('HMGET', KEYS[1], 'c:' .. field, 'n:' .. field, 'ti:' .. field, 'la:' .. field, 'r:' .. field)
+local index = record[5]
+local updated = index and redis.call('ZSCORE', index, field) or ''
+return {1, record[1] or '', record[2] or '', record[3] or '', record[4] or '', updated or ''}
+"""
+
 
 _VERSION = re.compile(rb'^\{"id":"[^"]*","v":(\d+)(?:,"rewoundAt":(\d+))?')
 _REWOUND_AT = re.compile(rb'^(\{"id":"[^"]*","v":\d+),"rewoundAt":\d+')
@@ -547,6 +677,25 @@ class ReadResult:
         return b"[" + b",".join(self.raw_entries) + b"]"
 
 
+@dataclass(slots=True)
+class CatalogueRecord:
+    """A conversation as its space's catalogue holds it."""
+
+    key: str
+    updated: int | None
+    created: int | None
+    entries: int | None
+    title: str | None
+    labels: dict[str, str]
+
+
+@dataclass(slots=True)
+class CataloguePage:
+    records: list[CatalogueRecord]
+    # Where the next page starts (the last score and how many members of it were taken), None when done.
+    cursor: tuple[int, int] | None
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
     """What one space (an agent's private conversations, or a registry's shared ones) holds."""
@@ -591,20 +740,20 @@ class UsageLedger:
     async def peek(self, conversation_key: str) -> Usage:
         return await self._run("peek", conversation_key, 0, 0)
 
-    async def added(self, conversation_key: str, size: int, ttl_seconds: int) -> Usage:
-        return await self._run("add", conversation_key, size, ttl_seconds)
+    async def added(self, conversation_key: str, size: int, ttl_seconds: int, length: int | None = None) -> Usage:
+        """``length``: the entries the conversation holds now, for its catalogue record (None: unknown)."""
+        return await self._run("add", conversation_key, size, ttl_seconds, length)
 
-    async def sized(self, conversation_key: str, size: int, ttl_seconds: int) -> Usage:
-        return await self._run("set", conversation_key, size, ttl_seconds)
+    async def sized(self, conversation_key: str, size: int, ttl_seconds: int, length: int | None = None) -> Usage:
+        return await self._run("set", conversation_key, size, ttl_seconds, length)
 
     async def forget(self, conversation_key: str) -> Usage:
         return await self._run("forget", conversation_key, 0, 0)
 
-    async def _run(self, op: str, conversation_key: str, first: int, second: int) -> Usage:
+    async def _run(self, op: str, conversation_key: str, first: int, second: int, length: int | None = None) -> Usage:
         keys = list(usage_keys_of(conversation_key))
-        conversations, total, counted, verdict = await ConversationStore._guard(
-            self._script(keys=keys, args=[op, conversation_key, first, second])
-        )
+        args = [op, conversation_key, first, second, "" if length is None else length]
+        conversations, total, counted, verdict = await ConversationStore._guard(self._script(keys=keys, args=args))
         return Usage(int(conversations), int(total), bool(counted), int(verdict))
 
 
@@ -707,6 +856,10 @@ class ConversationStore:
         self._rewind = client.register_script(_REWIND_COUNTED if counted else _REWIND)
         self._create = client.register_script(_CREATE_COUNTED if counted else _CREATE)
         self._info = client.register_script(_INFO)
+        self._catalogue_page = client.register_script(_CATALOGUE_PAGE)
+        self._summary_of = client.register_script(_SUMMARY_OF)
+        self._compact = client.register_script(_COMPACT)
+        self._set_metadata = client.register_script(_SET_METADATA)
         self._read_with_summary = client.register_script(_READ_WITH_SUMMARY)
 
     async def append(
@@ -727,7 +880,9 @@ class ConversationStore:
         if self.ledger is not None and not self._counted and int(stored):
             size, ledger = int(added), self.ledger
             await self._account(
-                ledger.sized(key, size, ttl_seconds) if created else ledger.added(key, size, ttl_seconds)
+                ledger.sized(key, size, ttl_seconds, int(length))
+                if created
+                else ledger.added(key, size, ttl_seconds, int(length))
             )
         return AppendResult(
             version=int(version),
@@ -752,21 +907,98 @@ class ConversationStore:
         return ReadResult(version=version, raw_entries=raw)
 
     async def read_with_summary(self, key: str, limit: int) -> ReadResult:
+        """The window and the conversation's summary: its compaction summary, with the window's entries
+        after the version it covers; or else (none recorded) the rolling summary at the list's head."""
         if limit <= 0:
             return await self.read(key, 0)
-        head, window = await self._call(self._read_with_summary, key, [limit, SUMMARY_ID_PREFIX])
+        summaries = usage_keys_of(key)[3] if self.ledger is not None else None
+        if summaries is not None and self._counted:
+            head, window, compacted = await self._guard(
+                self._read_with_summary(keys=[key, summaries], args=[limit, SUMMARY_ID_PREFIX, key])
+            )
+        else:
+            head = await self._guard(self._summary_of(keys=[summaries], args=[key])) if summaries else b""
+            compacted = 1 if head else 0
+            if head:
+                window = await self._guard(self._client.lrange(key, -limit, -1))
+            else:
+                head, window, _ = await self._call(self._read_with_summary, key, [limit, SUMMARY_ID_PREFIX])
         version = version_of(window[-1]) if window else 0
+        if int(compacted):
+            through = written_at(head)
+            window = [raw for raw in window if written_at(raw) > through]
         if self.sealer is not None:
             opened = await self.sealer.open(key, window)
             summary = await self.sealer.open(key, [head]) if head else []
             return ReadResult(version=version, raw_entries=opened, raw_summary=summary[0] if summary else None)
         return ReadResult(version=version, raw_entries=list(window), raw_summary=head or None)
 
+    async def summary_of(self, key: str) -> bytes | None:
+        """The conversation's compaction summary as stored, if one was recorded."""
+        if self.ledger is None:
+            return None
+        raw = await self._guard(self._summary_of(keys=[usage_keys_of(key)[3]], args=[key]))
+        return bytes(raw) if raw else None
+
+    async def compact(
+        self, key: str, summary: EntryToStore, author: str, through_version: int, quota: StorageQuota
+    ) -> int:
+        """Record ``summary`` as covering the entries up to ``through_version`` (kept as they are); the
+        conversation's version. NotFound for a conversation that holds nothing, a typed 400 for a version
+        it has not reached."""
+        if self.ledger is None:
+            raise InvalidRequest("this store keeps no catalogue: compaction is not available")
+        length, version, ttl = await self.info(key)
+        if not length or ttl is None:
+            raise NotFound("no such conversation")
+        if through_version > version:
+            raise InvalidRequest(f"body.throughVersion: the conversation is at version {version}")
+        entry_id, rest = _entry_args([summary], author, _now_ms())
+        assert isinstance(entry_id, str) and isinstance(rest, bytes)
+        raw = b'{"id":"%s","v":%d%s' % (entry_id.encode(), through_version, rest)
+        keys = list(usage_keys_of(key))
+        args = [key, raw, ttl, quota.max_conversations, quota.max_bytes]
+        verdict = int(await self._guard(self._compact(keys=keys, args=args)))
+        if verdict:
+            raise refusal(verdict, quota.max_conversations, quota.max_bytes)
+        return version
+
     async def info(self, key: str) -> tuple[int, int, int | None]:
         """(entries, version, ttl in seconds or None when the key does not exist)."""
         length, tail, pttl = await self._call(self._info, key, [])
         ttl = None if int(pttl) < 0 else max(1, (int(pttl) + 999) // 1000)
         return int(length), version_of(tail) if tail else 0, ttl
+
+    async def catalogue_page(
+        self, index: str, expiries: str, meta: str, cursor: tuple[int, int] | None, limit: int
+    ) -> CataloguePage:
+        """One page of a catalogue index (``keying.catalogue_of``), newest write first, from ``cursor``
+        (a page's, None for the newest)."""
+        top, taken = ("+inf", 0) if cursor is None else (str(cursor[0]), cursor[1])
+        rows, more, score, count = await self._guard(
+            self._catalogue_page(keys=[index, expiries, meta], args=[top, taken, limit])
+        )
+        records = [_record(row) for row in rows]
+        return CataloguePage(records, (int(float(score)), int(count)) if int(more) else None)
+
+    async def set_metadata(
+        self, key: str, title: tuple[bool, str | None], labels: tuple[bool, dict[str, str] | None]
+    ) -> CatalogueRecord | None:
+        """Set (True, value; None clears) or keep (False, _) a conversation's title and labels; None when
+        the catalogue does not list it."""
+        meta = usage_keys_of(key)[2]
+        args = [
+            key,
+            "1" if title[0] else "0",
+            title[1] or "",
+            "1" if labels[0] else "0",
+            orjson.dumps(labels[1]) if labels[1] else "",
+        ]
+        reply = await self._guard(self._set_metadata(keys=[meta], args=args))
+        if not int(reply[0]):
+            return None
+        created, entries, title_text, labels_json, updated = reply[1:]
+        return _record([key, updated, created, entries, title_text, labels_json])
 
     async def scan(self, match: str, cursor: int, count: int) -> tuple[int, list[str]]:
         next_cursor, keys = await self._guard(self._client.scan(cursor=cursor, match=match, count=count))
@@ -800,7 +1032,7 @@ class ConversationStore:
         if int(version) < 0:
             raise VersionConflict(f"conversation is at version {stored}, not {expected_version}")
         if self.ledger is not None and not self._counted:
-            await self._account(self.ledger.sized(key, int(size), ttl_seconds))
+            await self._account(self.ledger.sized(key, int(size), ttl_seconds, min(len(entries), cap)))
         return AppendResult(version=int(version), stored=int(stored))
 
     async def delete(self, key: str, expected_version: int | None = None) -> int:
@@ -825,7 +1057,7 @@ class ConversationStore:
             raise VersionConflict(f"conversation is at version {reply[1]}, not {expected_version}")
         version, length, raw, removed, delta, ttl = reply
         if self.ledger is not None and not self._counted and int(removed):
-            await self._account(self._shrunk(key, int(delta), int(ttl)))
+            await self._account(self._shrunk(key, int(delta), int(ttl), int(length)))
         opened = await self._open(key, [bytes(raw)]) if int(removed) else []
         return PopResult(int(version), int(length), opened[0] if opened else None)
 
@@ -837,7 +1069,7 @@ class ConversationStore:
             raise VersionConflict(f"conversation is at version {reply[1]}, not {expected_version}")
         version, removed, length, delta, ttl = (int(part) for part in reply)
         if self.ledger is not None and not self._counted and removed:
-            await self._account(self._shrunk(key, delta, ttl))
+            await self._account(self._shrunk(key, delta, ttl, length))
         return RewindResult(version, removed, length)
 
     async def create(
@@ -854,7 +1086,7 @@ class ConversationStore:
             raise ConversationExists("a conversation with that id exists already")
         if self.ledger is not None and not self._counted:
             size = sum(len(raw) for raw in stored[-cap:])
-            await self._account(self.ledger.sized(key, size, ttl_seconds))
+            await self._account(self.ledger.sized(key, size, ttl_seconds, int(kept)))
         return AppendResult(version=int(version), stored=int(kept), length=int(kept), created=True)
 
     async def _seal(self, key: str) -> Seal | None:
@@ -867,9 +1099,9 @@ class ConversationStore:
     async def _open(self, key: str, raw: list[bytes]) -> list[bytes]:
         return raw if self.sealer is None else await self.sealer.open(key, raw)
 
-    def _shrunk(self, key: str, delta: int, ttl: int) -> Awaitable[Usage]:
+    def _shrunk(self, key: str, delta: int, ttl: int, length: int) -> Awaitable[Usage]:
         assert self.ledger is not None
-        return self.ledger.forget(key) if ttl == 0 else self.ledger.added(key, delta, ttl)
+        return self.ledger.forget(key) if ttl == 0 else self.ledger.added(key, delta, ttl, length)
 
     async def _shrink(self, script: Any, key: str, args: list[Any]) -> Any:
         """The reply of a write that only removes: with its accounting (no quota check) when counted."""
@@ -956,6 +1188,22 @@ def search_entries(raw_entries: Sequence[bytes], query: str, limit: int) -> list
             scored.append((overlap, position, raw))
     scored.sort(key=lambda item: (item[0], item[1]), reverse=True)
     return [raw for _, _, raw in scored[:limit]]
+
+
+def _record(row: Sequence[Any]) -> CatalogueRecord:
+    key, updated, created, entries, title, labels = (_text(part) for part in row)
+    return CatalogueRecord(
+        key=key,
+        updated=int(float(updated)) if updated else None,
+        created=int(created) if created else None,
+        entries=int(entries) if entries else None,
+        title=title or None,
+        labels=orjson.loads(labels) if labels else {},
+    )
+
+
+def _text(reply: Any) -> str:
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 
 def _texts(replies: Sequence[bytes | str]) -> tuple[str, ...]:

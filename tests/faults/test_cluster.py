@@ -59,6 +59,20 @@ def test_proxy_works_unchanged_on_a_cluster_and_spreads_conversations(
         assert replaced.status_code == 200, replaced.text
         info = http.get(api.conversation_path("spread-5")).json()
         assert info["exists"] is True and info["entries"] == 1
+        # The conversation operations of issue #34, each key in its own slot: pop and rewind are one script
+        # on the conversation's slot, fork reads one slot and creates in another, the catalogue is kept in
+        # the accounting's slot.
+        http.post(api.entries_path("spread-6"), json={"entries": [{"role": "user", "content": "two"}]})
+        popped = http.post(f"{api.conversation_path('spread-6')}/pop", headers={"If-Match": "2"}).json()
+        assert (popped["entry"]["content"], popped["version"]) == ("two", 3)
+        rewound = http.post(f"{api.conversation_path('spread-7')}/rewind", json={"toVersion": 0}).json()
+        assert rewound["removed"] == 1
+        forked = http.post(f"{api.conversation_path('spread-8')}/fork", json={"conversationId": "spread-fork"})
+        assert forked.json()["entries"] == 1, forked.text
+        titled = http.patch(f"{api.conversation_path('spread-9')}/metadata", json={"title": "nine"})
+        assert titled.json()["title"] == "nine", titled.text
+        http.delete(api.conversation_path("spread-fork"))
+        http.post(api.entries_path("spread-7"), json=body_of(7))
 
         # Listing pages through every master (one cursor across the cluster), each conversation once.
         listed: list[str] = []
@@ -133,6 +147,10 @@ async def test_master_killed_replica_promoted_proxy_recovers(
         response = await http.get(api.entries_path("fo-0"))
         assert response.status_code == 200
         assert orjson.loads(response.content)["version"] >= 0
+
+
+def body_of(n: int) -> dict[str, object]:
+    return {"entries": [{"role": "user", "content": f"hello {n}", "id": f"m{n}"}]}
 
 
 def _read_all(cluster: ValkeyClusterProcess, conversation_id: str) -> list[bytes]:

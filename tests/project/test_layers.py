@@ -156,7 +156,7 @@ def test_the_cycle_finder_finds_cycles(tmp_path: Path) -> None:
 # The builders of key layouts (sessionmem_core.keys): in the proxy only its key module calls them.
 KEY_BUILDERS = frozenset(
     {"session_prefix", "shared_prefix", "per_user_prefix", "session_key", "shared_key", "per_user_key",
-     "usage_space", "usage_keys", "conversation_of", "KEY_PREFIX", "USAGE_PREFIX"}
+     "usage_space", "usage_keys", "catalogue_keys", "bucket_of", "conversation_of", "KEY_PREFIX", "USAGE_PREFIX"}
 )  # fmt: skip
 KEY_MODULE = "proxy/sessionmem_proxy/keying.py"
 

@@ -82,6 +82,26 @@ CALLS: dict[str, list[Call]] = {
         ("POST", "/v1/conversations/c3/rewind", {"toVersion": 0}, AUTH),
         ("POST", "/v1/conversations/c3/rewind", {"toVersion": -1}, AUTH),
     ],
+    "metadata": [
+        ("PATCH", "/v1/conversations/c1/metadata", {"title": "Trip", "labels": {"team": "a"}}, AUTH),
+        ("PATCH", "/v1/conversations/never/metadata", {"title": "x"}, AUTH),
+        ("PATCH", "/v1/conversations/c1/metadata", {"labels": {"bad label": "x"}}, AUTH),
+    ],
+    "compact": [
+        (
+            "POST",
+            "/v1/conversations/c1/compact",
+            {"summary": {"role": "system", "content": "s"}, "throughVersion": 1},
+            AUTH,
+        ),
+        (
+            "POST",
+            "/v1/conversations/never/compact",
+            {"summary": {"role": "system", "content": "s"}, "throughVersion": 0},
+            AUTH,
+        ),
+        ("POST", "/v1/conversations/c1/compact", {"summary": {"role": "system", "content": "s"}}, AUTH),
+    ],
     "fork": [
         ("POST", "/v1/conversations/c1/fork", {"conversationId": "c1-branch"}, AUTH),
         ("POST", "/v1/conversations/c1/fork", {"conversationId": "c1-branch"}, AUTH),
