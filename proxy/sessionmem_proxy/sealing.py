@@ -90,6 +90,14 @@ def sealed_context(conversation_key: str, entry_id: str | bytes, header: bytes) 
     return b"sessionmem-entry\0" + conversation_key.encode() + b"\0" + entry + b"\0" + header
 
 
+def field_context(conversation_key: str, name: str, header: bytes) -> bytes:
+    """The associated data of a sealed catalogue field (a title, labels): its conversation and name."""
+    return b"sessionmem-field\0" + conversation_key.encode() + b"\0" + name.encode() + b"\0" + header
+
+
+_FIELD_PREFIX = "sealed:"
+
+
 class Sealer:
     """Seals and opens entries, with a bounded cache of unwrapped DEKs (one per unit)."""
 
@@ -192,6 +200,38 @@ class Sealer:
                 raise SealedEntryInvalid(f"an entry of {conversation_key!r} does not open: altered or moved") from exc
             opened.append(match.group(1) + b"," + plain[1:])
         return opened
+
+    async def seal_field(self, conversation_key: str, name: str, text: str) -> str:
+        """A conversation's catalogue text (its title, its labels as JSON) as stored: sealed like its
+        entries, under the same data key, bound to the conversation and the field's name."""
+        key = await self.writing_key(conversation_key)
+        nonce = os.urandom(NONCE_BYTES)
+        sealed = key.aead.encrypt(nonce, text.encode(), field_context(conversation_key, name, key.header))
+        return _FIELD_PREFIX + base64.b64encode(key.header + nonce + sealed).decode()
+
+    async def open_field(self, conversation_key: str, name: str, stored: str) -> str | None:
+        """The text ``seal_field`` sealed; None when its data key was erased; text stored before sealing
+        was turned on as it is. Fail closed like ``open``."""
+        if not stored.startswith(_FIELD_PREFIX):
+            return stored
+        try:
+            blob = base64.b64decode(stored[len(_FIELD_PREFIX) :], validate=True)
+        except binascii.Error as exc:
+            raise SealedEntryInvalid("a sealed field is not base64") from exc
+        header = blob[:_HEADER_BYTES]
+        if len(blob) < _HEADER_BYTES + NONCE_BYTES or header[:1] != _FORMAT:
+            raise SealedEntryInvalid("a sealed field has an unknown format")
+        unit = data_key_unit(conversation_key)
+        key = await self._current(unit)
+        if key is None or key.header != header:
+            key = await self._refreshed(unit, key)
+            if key is None or key.header != header:
+                return None
+        nonce, body = blob[_HEADER_BYTES : _HEADER_BYTES + NONCE_BYTES], blob[_HEADER_BYTES + NONCE_BYTES :]
+        try:
+            return key.aead.decrypt(nonce, body, field_context(conversation_key, name, header)).decode()
+        except InvalidTag as exc:
+            raise SealedEntryInvalid(f"the {name} of {conversation_key!r} does not open: altered or moved") from exc
 
     async def _refreshed(self, unit: str, key: DataKey | None) -> DataKey | None:
         """The unit's DEK asked of the store again (another replica may have made a new one since this one

@@ -581,6 +581,9 @@ return {1, record[1] or '', record[2] or '', record[3] or '', record[4] or '', u
 """
 
 
+# The names a conversation's sealed catalogue fields are bound to (``sealing.Sealer.seal_field``).
+_TITLE, _LABELS = "title", "labels"
+
 _VERSION = re.compile(rb'^\{"id":"[^"]*","v":(\d+)(?:,"rewoundAt":(\d+))?')
 _REWOUND_AT = re.compile(rb'^(\{"id":"[^"]*","v":\d+),"rewoundAt":\d+')
 
@@ -938,7 +941,8 @@ class ConversationStore:
         if self.ledger is None:
             return None
         raw = await self._guard(self._summary_of(keys=[usage_keys_of(key)[3]], args=[key]))
-        return bytes(raw) if raw else None
+        opened = await self._open(key, [bytes(raw)]) if raw else []
+        return opened[0] if opened else None
 
     async def compact(
         self, key: str, summary: EntryToStore, author: str, through_version: int, quota: StorageQuota
@@ -953,7 +957,7 @@ class ConversationStore:
             raise NotFound("no such conversation")
         if through_version > version:
             raise InvalidRequest(f"body.throughVersion: the conversation is at version {version}")
-        entry_id, rest = _entry_args([summary], author, _now_ms())
+        entry_id, rest = _entry_args([summary], author, _now_ms(), seal=await self._seal(key))
         assert isinstance(entry_id, str) and isinstance(rest, bytes)
         raw = b'{"id":"%s","v":%d%s' % (entry_id.encode(), through_version, rest)
         keys = list(usage_keys_of(key))
@@ -978,7 +982,7 @@ class ConversationStore:
         rows, more, score, count = await self._guard(
             self._catalogue_page(keys=[index, expiries, meta], args=[top, taken, limit])
         )
-        records = [_record(row) for row in rows]
+        records = [await self._record(row) for row in rows]
         return CataloguePage(records, (int(float(score)), int(count)) if int(more) else None)
 
     async def set_metadata(
@@ -987,18 +991,30 @@ class ConversationStore:
         """Set (True, value; None clears) or keep (False, _) a conversation's title and labels; None when
         the catalogue does not list it."""
         meta = usage_keys_of(key)[2]
-        args = [
-            key,
-            "1" if title[0] else "0",
-            title[1] or "",
-            "1" if labels[0] else "0",
-            orjson.dumps(labels[1]) if labels[1] else "",
-        ]
+        title_text = title[1] or ""
+        labels_text = orjson.dumps(labels[1]).decode() if labels[1] else ""
+        if self.sealer is not None:
+            # A title and labels are the user's words as much as the entries are: sealed alike.
+            if title_text:
+                title_text = await self.sealer.seal_field(key, _TITLE, title_text)
+            if labels_text:
+                labels_text = await self.sealer.seal_field(key, _LABELS, labels_text)
+        args = [key, "1" if title[0] else "0", title_text, "1" if labels[0] else "0", labels_text]
         reply = await self._guard(self._set_metadata(keys=[meta], args=args))
         if not int(reply[0]):
             return None
-        created, entries, title_text, labels_json, updated = reply[1:]
-        return _record([key, updated, created, entries, title_text, labels_json])
+        created, entries, stored_title, stored_labels, updated = reply[1:]
+        return await self._record([key, updated, created, entries, stored_title, stored_labels])
+
+    async def _record(self, row: Sequence[Any]) -> CatalogueRecord:
+        """A catalogue row as the caller sees it: its title and labels opened when sealed (None and no
+        labels when their data key was erased)."""
+        if self.sealer is None:
+            return _record(row)
+        key, updated, created, entries, title, labels = (_text(part) for part in row)
+        opened_title = await self.sealer.open_field(key, _TITLE, title) if title else ""
+        opened_labels = await self.sealer.open_field(key, _LABELS, labels) if labels else ""
+        return _record([key, updated, created, entries, opened_title or "", opened_labels or ""])
 
     async def scan(self, match: str, cursor: int, count: int) -> tuple[int, list[str]]:
         next_cursor, keys = await self._guard(self._client.scan(cursor=cursor, match=match, count=count))

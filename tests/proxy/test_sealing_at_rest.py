@@ -168,9 +168,28 @@ async def test_sealed_memory_never_reaches_the_disk_and_is_gone_with_its_key(
         assert list(read["entries"][0]) == ["id", "v", "role", "content", "author", "ts", "item"]
         found = (await world.client.get(api.search_path("trip") + "?q=passport", headers=world.user_headers)).json()
         assert [e["content"] for e in found["matches"]] == [SENTENCE]
+        summary = {"role": "system", "content": "The user gave their passport number", "id": "sum-1"}
+        compacted = await world.client.post(
+            "/v1/conversations/trip/compact",
+            json={"summary": summary, "throughVersion": 1},
+            headers=world.user_headers,
+        )
+        assert compacted.status_code == 200, compacted.text
+        summarised = await world.client.get(api.entries_path("trip") + "?summary=true", headers=world.user_headers)
+        assert summarised.json()["summary"]["content"] == summary["content"]
+        titled = await world.client.patch(
+            "/v1/conversations/trip/metadata",
+            json={"title": "Passport renewal trip", "labels": {"topic": "passport-renewal"}},
+            headers=world.user_headers,
+        )
+        assert titled.json()["title"] == "Passport renewal trip", titled.text
+        listed = (await world.client.get("/v1/conversations", headers=world.user_headers)).json()
+        assert [(c["title"], c["labels"]) for c in listed["conversations"]] == [
+            ("Passport renewal trip", {"topic": "passport-renewal"})
+        ]
         files = _persist(aof_valkey)
         for name, data in files.items():
-            for secret in (SENTENCE, AGENT_NOTE, "passport", "4421"):
+            for secret in (SENTENCE, AGENT_NOTE, "passport", "Passport", "4421"):
                 assert secret.encode() not in data, (name, secret)
         # The stored entry keeps its id and version in clear and nothing else.
         stored = aof_valkey.client().lrange(world.user_key, 0, 0)[0]
