@@ -60,8 +60,8 @@ _HEADER_BYTES = 1 + DEK_ID_BYTES
 # What the scripts stamp on a stored entry after its id and version, and read there (``store``): kept in
 # clear, in front of the sealed part, in this order.
 _CLEAR_STAMPS = rb'(?:,"rewoundAt":\d+)?(?:,"idempotencyKey":"[^"]*")?'
-_SEALED = re.compile(rb'^(\{"id":"([^"]*)","v":\d+' + _CLEAR_STAMPS + rb'),"sealed":"([A-Za-z0-9+/=]*)"\}$')
-_SEALED_START = re.compile(rb'^\{"id":"[^"]*","v":\d+' + _CLEAR_STAMPS + rb',"sealed":')
+# A sealed entry: its clear head (group 1, the id in group 2), then the sealed part up to the closing '"}'.
+_SEALED_HEAD = re.compile(rb'^(\{"id":"([^"]*)","v":\d+' + _CLEAR_STAMPS + rb'),"sealed":"')
 _OPENED = re.compile(rb'^(\{"id":"([^"]*)","v":\d+' + _CLEAR_STAMPS + rb"),(.*)$", re.S)
 # A reader that meets a DEK id other than the cached one asks the store again, at most this often per unit.
 _REFRESH_FLOOR_SECONDS = 1.0
@@ -84,10 +84,14 @@ class _Cached:
     fetched: float
 
 
+def _entry_context_prefix(conversation_key: str) -> bytes:
+    return b"sessionmem-entry\0" + conversation_key.encode() + b"\0"
+
+
 def sealed_context(conversation_key: str, entry_id: str | bytes, header: bytes) -> bytes:
     """The associated data of a sealed entry: what it is bound to."""
     entry = entry_id.encode() if isinstance(entry_id, str) else entry_id
-    return b"sessionmem-entry\0" + conversation_key.encode() + b"\0" + entry + b"\0" + header
+    return _entry_context_prefix(conversation_key) + entry + b"\0" + header
 
 
 def field_context(conversation_key: str, name: str, header: bytes) -> bytes:
@@ -173,17 +177,18 @@ class Sealer:
         opened: list[bytes] = []
         key: DataKey | None = None
         looked_up = False
+        context = _entry_context_prefix(conversation_key)  # the part every entry here shares
         for raw in raw_entries:
-            match = _SEALED.match(raw)
+            match = _SEALED_HEAD.match(raw)
             if match is None:
-                if _SEALED_START.match(raw):
-                    raise SealedEntryInvalid("a sealed entry is malformed")
                 opened.append(raw)  # stored before sealing was turned on
                 continue
             try:
-                blob = base64.b64decode(match.group(3), validate=True)
+                if not raw.endswith(b'"}'):
+                    raise binascii.Error("unterminated")
+                blob = binascii.a2b_base64(raw[match.end() : -2], strict_mode=True)
             except binascii.Error as exc:
-                raise SealedEntryInvalid("a sealed entry is not base64") from exc
+                raise SealedEntryInvalid("a sealed entry is malformed") from exc
             header = blob[:_HEADER_BYTES]
             if len(blob) < _HEADER_BYTES + NONCE_BYTES or header[:1] != _FORMAT:
                 raise SealedEntryInvalid("a sealed entry has an unknown format")
@@ -193,9 +198,12 @@ class Sealer:
                 key = await self._refreshed(data_key_unit(conversation_key), key)
                 if key is None or key.header != header:
                     continue  # sealed with a DEK that was destroyed: erased
-            nonce, body = blob[_HEADER_BYTES : _HEADER_BYTES + NONCE_BYTES], blob[_HEADER_BYTES + NONCE_BYTES :]
             try:
-                plain = key.aead.decrypt(nonce, body, sealed_context(conversation_key, match.group(2), header))
+                plain = key.aead.decrypt(
+                    blob[_HEADER_BYTES : _HEADER_BYTES + NONCE_BYTES],
+                    blob[_HEADER_BYTES + NONCE_BYTES :],
+                    context + match.group(2) + b"\0" + header,
+                )
             except InvalidTag as exc:
                 raise SealedEntryInvalid(f"an entry of {conversation_key!r} does not open: altered or moved") from exc
             opened.append(match.group(1) + b"," + plain[1:])
