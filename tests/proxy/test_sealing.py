@@ -10,7 +10,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from sessionmem_core import env
 from sessionmem_core.errors import DataKeyUnavailable, SealedEntryInvalid
+from sessionmem_proxy import datakeys
 from sessionmem_proxy.datakeys import DirectoryDataKeyStore, Keyring, new_kek, rewrap
 from sessionmem_proxy.keying import data_key_unit as unit_of
 from sessionmem_proxy.keying import data_key_unit_of_space as unit_of_prefix
@@ -191,3 +193,22 @@ def test_a_keyring_refuses_bad_keys(tmp_path: Path) -> None:
     (tmp_path / "short").write_text("not hex at all" * 5)
     with pytest.raises(ValueError, match="not hex"):
         Keyring.load(tmp_path)
+
+
+def test_the_rewrap_command_uses_the_proxys_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "kek"
+    store = DirectoryDataKeyStore(tmp_path / "deks")
+    asyncio.run(Sealer(_keyring(folder, "2026-11"), store).writing_key(KEY))
+    assert datakeys.main(["new-key"]) == 0
+    (folder / "2026-12").write_text(capsys.readouterr().out)
+    monkeypatch.setenv(env.SEALING_KEYRING, str(folder))
+    monkeypatch.setenv(env.SEALING_KEY_STORE, "directory")
+    monkeypatch.setenv(env.SEALING_KEY_DIR, str(tmp_path / "deks"))
+    assert datakeys.main(["rewrap"]) == 0
+    assert "re-wrapped 1 data keys; 0 already under the newest key" in capsys.readouterr().out
+    assert [r.kid for r in asyncio.run(store.records())] == ["2026-12"]
+    monkeypatch.delenv(env.SEALING_KEYRING)
+    with pytest.raises(SystemExit):
+        datakeys.main(["rewrap"])

@@ -221,6 +221,14 @@ async def test_sealed_memory_never_reaches_the_disk_and_is_gone_with_its_key(
         again = (await world.client.get(api.entries_path("trip"), headers=world.user_headers)).json()
         assert [e["content"] for e in again["entries"]] == ["starting over"]
 
+        # Erasing the agent destroys its own key and its users' buckets' keys.
+        agent_erased = await world.client.delete(
+            api.ADMIN_AGENT_MEMORY_PATH.format(namespace=OWNER.namespace, agent=OWNER.agent), headers=ADMIN
+        )
+        assert agent_erased.json()["dataKeysDestroyed"] == [OWNER.author, receipt["dataKeysDestroyed"][0]]
+        left = _recoverable(_persist(aof_valkey), _remaining_keys(world))
+        assert not any(AGENT_NOTE.encode() in text for text in left)
+
 
 async def test_operations_work_on_sealed_entries(aof_valkey: ValkeyProcess, tmp_path: Path) -> None:
     """pop, fork (whose copies are sealed anew for their conversation), rewind, summaries, export and an
