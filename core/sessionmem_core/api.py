@@ -171,6 +171,9 @@ class MemoryOperation:
     params: tuple[Parameter, ...] = ()
     # Stores (admitted against the storage quota, and sent the pod's write parameters: cap, TTL, redactors).
     writes: bool = False
+    # Its name among the memory operations of OpenTelemetry's GenAI semantic conventions (in development:
+    # ``gen_ai.operation.name``), where one fits; its spans carry it beside ``memory.*`` (docs/observability.md).
+    genai: str | None = None
 
     @property
     def on_conversation(self) -> bool:
@@ -225,6 +228,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
                 "Also return the rolling summary of older turns",
             ),
         ),
+        genai="search_memory",
     ),
     MemoryOperation(
         "append",
@@ -243,6 +247,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
                 "duplicate, nothing stored, whatever the ids; entry ids may then repeat",
             ),
         ),
+        genai="update_memory",
     ),
     MemoryOperation(
         "search",
@@ -259,8 +264,16 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
                 "At most this many matches",
             ),
         ),
+        genai="search_memory",
     ),
-    MemoryOperation("export", "GET", f"{CONVERSATION_PATH_TEMPLATE}/export", "Export a conversation", "History"),
+    MemoryOperation(
+        "export",
+        "GET",
+        f"{CONVERSATION_PATH_TEMPLATE}/export",
+        "Export a conversation",
+        "History",
+        genai="search_memory",
+    ),
     MemoryOperation(
         "info",
         "GET",
@@ -277,6 +290,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "ReplaceRequest",
         writes=True,
         params=(_IF_MATCH,),
+        genai="upsert_memory",
     ),
     MemoryOperation(
         "delete",
@@ -285,6 +299,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "Erase a conversation, conditional on its version",
         "DeleteResponse",
         params=(_IF_MATCH,),
+        genai="delete_memory",
     ),
     MemoryOperation(
         "pop",
@@ -293,6 +308,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "Remove the newest entry atomically, conditional on the version; the version moves on (a write)",
         "PopResponse",
         params=(_IF_MATCH,),
+        genai="update_memory",
     ),
     MemoryOperation(
         "rewind",
@@ -302,6 +318,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "RewindResponse",
         "RewindRequest",
         params=(_IF_MATCH,),
+        genai="update_memory",
     ),
     MemoryOperation(
         "compact",
@@ -312,6 +329,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "CompactResponse",
         "CompactRequest",
         writes=True,
+        genai="update_memory",
     ),
     MemoryOperation(
         "fork",
@@ -321,6 +339,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "ForkResponse",
         "ForkRequest",
         writes=True,
+        genai="create_memory",
     ),
     MemoryOperation(
         "list",
@@ -368,6 +387,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         USER_CONVERSATIONS_PATH,
         "Erase everything of the end user the call acts for, across the agent's conversations",
         "UserErasure",
+        genai="delete_memory",
     ),
 )
 MEMORY_OPERATION = {operation.op: operation for operation in MEMORY_OPERATIONS}

@@ -18,7 +18,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from sessionmem_core import env
+from sessionmem_core import api, env
 from sessionmem_core.errors import SessionMemError
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -30,6 +30,12 @@ ATTR_OUTCOME = "memory.outcome"
 ATTR_LATENCY_MS = "memory.latency_ms"
 ATTR_CONVERSATION = "memory.conversation_id"
 ATTR_COMPONENT = "memory.component"
+# OpenTelemetry's GenAI semantic conventions (development status), set beside the ``memory.*`` names until
+# they are stable: the conversation, and the operation where the conventions name a memory operation
+# that fits (``api.MemoryOperation.genai``).
+ATTR_GENAI_CONVERSATION = "gen_ai.conversation.id"
+ATTR_GENAI_OPERATION = "gen_ai.operation.name"
+_GENAI_OPERATIONS = {operation.op: operation.genai for operation in api.MEMORY_OPERATIONS if operation.genai}
 
 
 def tracer_provider_from_env(service_name: str, environ: Mapping[str, str] | None = None) -> TracerProvider:
@@ -139,6 +145,11 @@ class MemoryTracer:
                 if span.is_recording():
                     span.set_attribute(ATTR_COMPONENT, self._component)
                     span.set_attribute(ATTR_CONVERSATION, conversation_id)
+                    if conversation_id:
+                        span.set_attribute(ATTR_GENAI_CONVERSATION, conversation_id)
+                    genai = _GENAI_OPERATIONS.get(op)
+                    if genai is not None:
+                        span.set_attribute(ATTR_GENAI_OPERATION, genai)
                     span.set_attribute(ATTR_OUTCOME, memory_span.outcome or outcome)
                     span.set_attribute(ATTR_LATENCY_MS, (time.perf_counter() - started) * 1000.0)
                     if memory_span.scope is not None:

@@ -164,6 +164,9 @@ async def test_memory_spans_are_parented_under_the_callers_traceparent(
     assert append["memory.outcome"] == "ok" and isinstance(append["memory.latency_ms"], float)
     assert append["memory.latency_ms"] > 0
     assert get["memory.entries"] == 2 and get["memory.version"] == 1 and get["memory.outcome"] == "ok"
+    # OpenTelemetry's GenAI names beside memory.*: the conversation, and the memory operation.
+    assert append["gen_ai.conversation.id"] == get["gen_ai.conversation.id"] == "traced"
+    assert (append["gen_ai.operation.name"], get["gen_ai.operation.name"]) == ("update_memory", "search_memory")
 
 
 async def test_managed_loop_spans_join_the_callers_trace(
