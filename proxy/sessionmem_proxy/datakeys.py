@@ -275,6 +275,8 @@ SECRET_TYPE = "sessionmem.ctxmesh.ai/data-key"
 SPACE_LABEL = "sessionmem.ctxmesh.ai/data-key-space"
 UNIT_ANNOTATION = "sessionmem.ctxmesh.ai/unit"
 _MANAGED = {"app.kubernetes.io/managed-by": "sessionmem-proxy"}
+# Secrets per page when every data key is listed (the re-wrap command).
+_PAGE = 500
 
 
 def secret_name(unit: str) -> str:
@@ -287,9 +289,10 @@ class SecretDataKeyStore:
     sealing is on). Fail closed: an API server that cannot be asked, or refuses, is DataKeyUnavailable
     (503), never a new key."""
 
-    def __init__(self, http: httpx.AsyncClient, bearer: BearerSource, namespace: str) -> None:
+    def __init__(self, http: httpx.AsyncClient, bearer: BearerSource, namespace: str, page: int = _PAGE) -> None:
         self._http = http
         self._bearer = bearer
+        self._page = page
         self._base = f"/api/v1/namespaces/{quote(namespace, safe='')}/secrets"
 
     async def _call(self, method: str, path: str, body: object = None, ok: Sequence[int] = (200,)) -> httpx.Response:
@@ -363,9 +366,18 @@ class SecretDataKeyStore:
         return units
 
     async def records(self) -> list[WrappedDataKey]:
-        selector = "app.kubernetes.io/managed-by=sessionmem-proxy"
-        listed = orjson.loads((await self._call("GET", f"{self._base}?labelSelector={selector}")).content)
-        return [self._record(item) for item in listed.get("items") or [] if item.get("type") == SECRET_TYPE]
+        """Every data key, listed in pages (a perUser agent has one per user)."""
+        found: list[WrappedDataKey] = []
+        token = ""
+        while True:
+            query = f"labelSelector=app.kubernetes.io/managed-by%3Dsessionmem-proxy&limit={self._page}"
+            if token:
+                query += f"&continue={quote(token, safe='')}"
+            listed = orjson.loads((await self._call("GET", f"{self._base}?{query}")).content)
+            found += [self._record(item) for item in listed.get("items") or [] if item.get("type") == SECRET_TYPE]
+            token = (listed.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return found
 
 
 class BearerSource(Protocol):

@@ -116,7 +116,9 @@ async def test_rewrap_moves_every_secret_to_the_newest_kek(world: KeyWorld, tmp_
     before = await sealer.writing_key(AGENT_KEY)
     await sealer.writing_key(SHARED_KEY)
     rotated = _keyring(folder, "2026-12")
-    assert await rewrap(rotated, world.store()) == (2, 0)
+    # Listed one Secret per page, so the listing follows the API server's continue tokens.
+    paged = SecretDataKeyStore(world.http, lambda: world.token, world.namespace, page=1)
+    assert await rewrap(rotated, paged) == (2, 0)
     assert {r.kid for r in await world.store().records()} == {"2026-12"}
     (folder / "2026-11").unlink()
     assert (await Sealer(Keyring.load(folder), world.store()).writing_key(AGENT_KEY)).header == before.header
