@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from sessionmem_core import env
+from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import DataKeyUnavailable
 from sessionmem_proxy.datakeys import (
     SECRET_TYPE,
@@ -25,7 +27,8 @@ from sessionmem_proxy.datakeys import (
     secret_name,
 )
 from sessionmem_proxy.keying import data_key_unit as unit_of
-from sessionmem_proxy.sealing import Sealer
+from sessionmem_proxy.kubeapi import KubeAPI
+from sessionmem_proxy.sealing import Sealer, sealer_from_settings
 from tests.chart.test_lint import render
 from tests.harness.apiserver import KubeTestCluster
 
@@ -139,3 +142,28 @@ async def test_without_the_role_or_the_api_server_the_store_fails_closed(
         unreachable = SecretDataKeyStore(nowhere, lambda: world.token, world.namespace)
         with pytest.raises(DataKeyUnavailable, match="unavailable"):
             await unreachable.load(unit_of(AGENT_KEY))
+
+
+async def test_the_proxys_settings_build_the_secret_store(
+    world: KeyWorld, kube_cluster: KubeTestCluster, tmp_path: Path
+) -> None:
+    (tmp_path / "token").write_text(world.token)
+    (tmp_path / "kek").write_bytes(new_kek())
+    values = {
+        env.SEALING_KEYRING: str(tmp_path / "kek"),
+        env.SEALING_NAMESPACE: world.namespace,
+        env.KUBE_API_SERVER: kube_cluster.server_url,
+        env.KUBE_CA_FILE: str(kube_cluster.ca_path),
+        env.KUBE_TOKEN_FILE: str(tmp_path / "token"),
+    }
+    sealer, close = sealer_from_settings(ProxySettings.from_env(values), KubeAPI.from_settings)
+    assert sealer is not None and close is not None
+    try:
+        await sealer.writing_key(AGENT_KEY)
+    finally:
+        await close()
+    assert [s["metadata"]["name"] for s in world.secrets()] == [secret_name(unit_of(AGENT_KEY))]
+    assert sealer_from_settings(ProxySettings.from_env({}), KubeAPI.from_settings) == (None, None)
+    without_namespace = {k: v for k, v in values.items() if k != env.SEALING_NAMESPACE}
+    with pytest.raises(ValueError, match="SESSIONMEM_SEALING_NAMESPACE"):
+        sealer_from_settings(ProxySettings.from_env(without_namespace), KubeAPI.from_settings)
