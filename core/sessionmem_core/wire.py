@@ -165,7 +165,7 @@ class UserErasure(_Model):
         default=None,
         description="With encryption at rest: the data keys destroyed (one per agent, user bucket or registry), "
         "which leaves what they sealed unreadable in every copy of the stored data (AOF, snapshots, replicas, "
-        "backups). Absent when the proxy does not encrypt at rest.",
+        "backups). Null when the proxy does not encrypt at rest.",
     )
 
 
@@ -183,7 +183,7 @@ class ErasureReceipt(_Model):
         default=None,
         description="With encryption at rest: the data keys destroyed (one per agent, user bucket or registry), "
         "which leaves what they sealed unreadable in every copy of the stored data (AOF, snapshots, replicas, "
-        "backups). Absent when the proxy does not encrypt at rest.",
+        "backups). Null when the proxy does not encrypt at rest.",
     )
 
 
