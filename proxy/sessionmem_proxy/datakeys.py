@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import base64
 import binascii
-import contextlib
 import hashlib
 import os
 import secrets
@@ -251,18 +250,26 @@ class DirectoryDataKeyStore:
 
     async def rewrapped(self, record: WrappedDataKey) -> None:
         path = self._path(record.unit)
-        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
-            tmp.write(record.to_json())
-        os.replace(tmp.name, path)
+        try:
+            with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
+                tmp.write(record.to_json())
+            os.replace(tmp.name, path)
+        except OSError as exc:
+            raise DataKeyUnavailable(f"data key store unwritable: {type(exc).__name__}") from exc
 
     async def destroy(self, unit: str, whole_space: bool) -> list[str]:
+        """Fail closed: a key that cannot be removed is DataKeyUnavailable, and the erasure stops there."""
         paths = sorted(self._path(unit).parent.glob("*.json")) if whole_space else [self._path(unit)]
         destroyed: list[str] = []
         for path in paths:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 record = WrappedDataKey.from_json(path.read_bytes())
                 path.unlink()
-                destroyed.append(record.unit)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise DataKeyUnavailable(f"data key not destroyed: {type(exc).__name__}") from exc
+            destroyed.append(record.unit)
         return sorted(destroyed)
 
     async def records(self) -> list[WrappedDataKey]:

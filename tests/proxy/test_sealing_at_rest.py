@@ -282,3 +282,19 @@ async def test_a_key_store_that_cannot_be_written_fails_closed(aof_valkey: Valke
         assert response.status_code == 503, response.text
         assert response.json()["error"]["type"] == "data_key_unavailable"
         assert aof_valkey.client().exists(session_key(OWNER, "c")) == 0
+
+
+async def test_an_erasure_whose_key_cannot_be_destroyed_erases_nothing(
+    aof_valkey: ValkeyProcess, tmp_path: Path
+) -> None:
+    async with _world(aof_valkey, tmp_path, sealing=True) as world:
+        await _say(world, "trip", SENTENCE, world.user_headers)
+        (key_file,) = world.key_dir.glob("*/*.json")
+        key_file.unlink()
+        key_file.mkdir()  # where the key was, something the store cannot remove as a key
+        erased = await world.client.delete(
+            api.ADMIN_USER_MEMORY_PATH.format(namespace=OWNER.namespace, agent=OWNER.agent, user=USER), headers=ADMIN
+        )
+        assert erased.status_code == 503, erased.text
+        assert erased.json()["error"]["type"] == "data_key_unavailable"
+        assert aof_valkey.client().exists(world.user_key) == 1  # nothing is reported erased while its key lives
