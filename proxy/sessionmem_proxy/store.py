@@ -877,7 +877,9 @@ class ConversationStore:
     ) -> AppendResult:
         """``quota``: the writer's storage limits, which a store that accounts its writes needs (``_write``);
         ``idempotency_key``: the append's, which then alone identifies a retry."""
-        args = append_args(entries, author, cap, ttl_seconds, idempotency_key, await self._seal(key))
+        # Without sealing, no coroutine more on the hot path.
+        seal = None if self.sealer is None else await self._seal(key)
+        args = append_args(entries, author, cap, ttl_seconds, idempotency_key, seal)
         reply = await self._write(self._append, key, args, quota)
         version, stored, length, duplicates, added, created = reply
         if self.ledger is not None and not self._counted and int(stored):
