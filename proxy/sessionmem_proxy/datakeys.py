@@ -105,6 +105,8 @@ class WrappedDataKey:
         mint a new one and orphan what the old one sealed)."""
         try:
             raw = orjson.loads(data)
+            if len(bytes.fromhex(str(raw["dekId"]))) != DEK_ID_BYTES:
+                raise ValueError("a data key id is 8 bytes")
             return cls(
                 unit=str(raw["unit"]),
                 dek_id=str(raw["dekId"]),
