@@ -48,6 +48,7 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from sessionmem_core.capability import check_kid, key_files, new_key
 from sessionmem_core.errors import DataKeyUnavailable, SealedEntryInvalid
 from sessionmem_proxy.keying import data_key_space
 
@@ -60,18 +61,11 @@ DEK_BYTES = 32
 NONCE_BYTES = 12
 # A DEK id: 8 random bytes as 16 hex characters, stored with every entry it seals.
 DEK_ID_BYTES = 8
-MAX_KID_LENGTH = 64
-
-
-def _check_kid(kid: str) -> str:
-    if not kid or len(kid) > MAX_KID_LENGTH or not kid.isascii() or not all(c.isalnum() or c in "-_." for c in kid):
-        raise ValueError(f"a key id is 1-{MAX_KID_LENGTH} characters of [A-Za-z0-9._-]")
-    return kid
 
 
 def new_kek() -> bytes:
-    """A fresh KEK as text (64 hex characters), so a key file can end in a newline without changing it."""
-    return secrets.token_hex(KEK_BYTES).encode()
+    """A fresh KEK as a key file holds it: 64 hex characters (32 bytes), made as the capability keys are."""
+    return new_key()
 
 
 def _wrap_context(unit: str, dek_id: str, kid: str) -> bytes:
@@ -143,7 +137,7 @@ class Keyring:
         if not self.keys:
             raise ValueError("a data key keyring needs at least one key-encryption key")
         for kid, key in self.keys.items():
-            _check_kid(kid)
+            check_kid(kid)
             if len(key) != KEK_BYTES:
                 raise ValueError(f"key-encryption key {kid!r} is not {KEK_BYTES} bytes (64 hex characters)")
 
@@ -156,12 +150,8 @@ class Keyring:
         """KEKs from ``path``: a folder (a mounted Secret: each file is a key named by its id, 64 hex
         characters; Kubernetes' ``..data`` entries are skipped) or one file (id ``default``). Checked at
         start-up, so a bad key stops the proxy instead of failing requests."""
-        if path.is_dir():
-            files = {e.name: e for e in sorted(path.iterdir()) if not e.name.startswith(".") and e.is_file()}
-        else:
-            files = {"default": path}
         keys: dict[str, bytes] = {}
-        for kid, file in files.items():
+        for kid, file in key_files(path).items():
             try:
                 keys[kid] = bytes.fromhex(file.read_text().strip())
             except ValueError as exc:
