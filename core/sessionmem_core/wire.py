@@ -61,7 +61,7 @@ class EntryIn(_Request):
     item: dict[str, Any] | None = Field(
         default=None,
         description="The framework's item as given (any JSON object): stored and returned unchanged, key order "
-        f"kept. With content, at most {env.MAX_ENTRY_BYTES} bytes stored per entry.",
+        f"kept. At most {env.MAX_ITEM_BYTES} bytes stored.",
     )
 
 

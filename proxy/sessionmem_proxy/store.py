@@ -789,21 +789,14 @@ def _entry_args(
 ) -> list[str | bytes]:
     """(id, rest-of-entry) pairs; with ``client_flags``, (id, '1' if the client chose it and ids identify
     retries (``ids_identify``) else '0', rest).
-    An item is serialized after the proxy's fields, its keys in the order given; an entry over
-    ``MAX_ENTRY_BYTES`` stored is a typed 413, an item JSON cannot hold (an integer past 64 bits) a 400."""
+    An item is serialized after the proxy's fields, its keys in the order given; an item over
+    ``MAX_ITEM_BYTES`` stored is a typed 413, one JSON cannot hold (an integer past 64 bits) a 400. (The
+    content is bounded in characters by the request model, as before items.)"""
     args: list[str | bytes] = []
     for entry in entries:
-        fields: dict[str, Any] = {"role": entry.role, "content": entry.content, "author": author, "ts": now_ms}
+        rest = orjson.dumps({"role": entry.role, "content": entry.content, "author": author, "ts": now_ms})
         if entry.item is not None:
-            fields["item"] = entry.item
-        try:
-            rest = orjson.dumps(fields)
-        except orjson.JSONEncodeError as exc:
-            raise InvalidRequest(f"body.entries.item: not storable as JSON: {exc}") from exc
-        if len(rest) > env.MAX_ENTRY_BYTES:
-            raise PayloadTooLarge(
-                f"an entry would store {len(rest)} bytes (content and item); at most {env.MAX_ENTRY_BYTES}"
-            )
+            rest = rest[:-1] + b',"item":' + _item_json(entry.item) + b"}"
         # The id was validated (no quotes, no control characters), so it is safe inside a JSON string.
         entry_id = entry.id or new_message_id()
         args.append(entry_id)
@@ -811,6 +804,16 @@ def _entry_args(
             args.append("1" if entry.id and ids_identify else "0")
         args.append(b"," + rest[1:] if seal is None else seal(entry_id, rest))
     return args
+
+
+def _item_json(item: dict[str, Any]) -> bytes:
+    try:
+        stored = orjson.dumps(item)
+    except orjson.JSONEncodeError as exc:
+        raise InvalidRequest(f"body.entries.item: not storable as JSON: {exc}") from exc
+    if len(stored) > env.MAX_ITEM_BYTES:
+        raise PayloadTooLarge(f"an item would store {len(stored)} bytes; at most {env.MAX_ITEM_BYTES}")
+    return stored
 
 
 def append_args(

@@ -71,6 +71,10 @@ def test_proxy_works_unchanged_on_a_cluster_and_spreads_conversations(
         assert forked.json()["entries"] == 1, forked.text
         titled = http.patch(f"{api.conversation_path('spread-9')}/metadata", json={"title": "nine"})
         assert titled.json()["title"] == "nine", titled.text
+        summary = {"summary": {"role": "system", "content": "hello, said"}, "throughVersion": 1}
+        assert http.post(f"{api.conversation_path('spread-9')}/compact", json=summary).status_code == 200
+        replay = http.get(api.entries_path("spread-9"), params={"summary": "true"}).json()
+        assert (replay["summary"]["content"], replay["entries"]) == ("hello, said", [])
         http.delete(api.conversation_path("spread-fork"))
         http.post(api.entries_path("spread-7"), json=body_of(7))
 

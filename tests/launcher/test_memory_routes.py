@@ -362,3 +362,28 @@ async def test_items_and_the_idempotency_key_pass_through_the_launcher_unchanged
     got = orjson.loads(read.content)["entries"]
     assert [orjson.dumps(e["item"]) for e in got] == [orjson.dumps(e["item"]) for e in entries]
     assert [e["id"] for e in got] == [e["id"] for e in entries]
+
+
+async def test_the_conversation_operations_pass_through_the_launcher(launcher: Launcher) -> None:
+    """pop (with If-Match), rewind, fork, compact, the catalogue and its metadata on the memory endpoint,
+    as the proxy serves them."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as client:
+        for turn in ("t1", "t2", "t3"):
+            await client.post("/v1/conversations/ops/entries", json=exchange(turn))
+        stale = await client.post("/v1/conversations/ops/pop", headers={"If-Match": "1"})
+        popped = await client.post("/v1/conversations/ops/pop", headers={"If-Match": "3"})
+        rewound = await client.post("/v1/conversations/ops/rewind", json={"toVersion": 1})
+        forked = await client.post("/v1/conversations/ops/fork", json={"conversationId": "ops-branch"})
+        compacted = await client.post(
+            "/v1/conversations/ops/compact",
+            json={"summary": {"role": "system", "content": "said hi"}, "throughVersion": 1},
+        )
+        titled = await client.patch("/v1/conversations/ops/metadata", json={"title": "greetings"})
+        listed = (await client.get("/v1/conversations")).json()["conversations"]
+    assert stale.status_code == 412 and stale.json()["error"]["type"] == "version_conflict"
+    assert (popped.json()["entry"]["id"], popped.json()["version"]) == ("t3-a", 4)
+    assert rewound.json()["removed"] == 3 and rewound.json()["version"] == 5
+    assert forked.json() == {"conversationId": "ops-branch", "version": 1, "entries": 2, "scope": "session"}
+    assert compacted.json() == {"version": 5, "scope": "session"}, compacted.text
+    assert titled.json()["title"] == "greetings", titled.text
+    assert [c["conversationId"] for c in listed] == ["ops-branch", "ops"]

@@ -149,10 +149,10 @@ async def test_redaction_walks_every_string_inside_an_item(
     assert list(entry["item"]) == list(item)
 
 
-async def test_an_item_past_the_entry_limit_is_a_typed_413_and_nothing_is_stored(
+async def test_an_item_past_its_limit_is_a_typed_413_and_nothing_is_stored(
     proxy_process: ServiceProcess, valkey_server: ValkeyProcess
 ) -> None:
-    big = {"type": "message", "blob": "x" * env.MAX_ENTRY_BYTES}
+    big = {"type": "message", "blob": "x" * env.MAX_ITEM_BYTES}
     async with httpx.AsyncClient(base_url=proxy_process.base_url, headers=AUTH) as client:
         response = await client.post(
             "/v1/conversations/big/entries",
