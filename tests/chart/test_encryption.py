@@ -74,7 +74,24 @@ def test_the_keyring_secret_and_cache_time_can_be_named() -> None:
     assert env.SEALING_CACHE_SECONDS in {e["name"] for e in containers(_proxy(docs))[0]["env"]}
 
 
+def test_the_data_keys_and_their_role_can_live_in_a_namespace_of_their_own() -> None:
+    docs = render(
+        "--set", "proxy.encryption.enabled=true", "--set", "proxy.encryption.dataKeyNamespace=memory-keys",
+        namespace=NAMESPACE,
+    )  # fmt: skip
+    assert _settings(docs).sealing_namespace == "memory-keys"
+    rbac = _data_key_rbac(docs)
+    assert {d["metadata"]["namespace"] for d in rbac} == {"memory-keys"}
+    binding = next(d for d in rbac if d["kind"] == "RoleBinding")
+    assert binding["subjects"][0]["namespace"] == NAMESPACE  # the proxy's ServiceAccount stays where it runs
+
+
 def test_the_schema_refuses_what_the_proxy_would_not_start_with() -> None:
-    for bad in ("proxy.encryption.cacheSeconds=0", "proxy.encryption.keyringSecret=Not_A_Name", "proxy.encryption.x=1"):
+    for bad in (
+        "proxy.encryption.cacheSeconds=0",
+        "proxy.encryption.keyringSecret=Not_A_Name",
+        "proxy.encryption.dataKeyNamespace=Not_A_Namespace",
+        "proxy.encryption.x=1",
+    ):
         proc = run_helm("template", RELEASE, str(CHART), "--set", bad, check=False)
         assert proc.returncode != 0, bad
