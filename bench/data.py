@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import cast
 
 import orjson
@@ -15,6 +17,8 @@ import orjson
 from bench.procs import DEV_AGENT, DEV_NAMESPACE
 from sessionmem_core import env
 from sessionmem_core.keys import Owner, session_key
+from sessionmem_proxy.datakeys import DirectoryDataKeyStore, Keyring, new_kek
+from sessionmem_proxy.sealing import Sealer
 from sessionmem_proxy.store import ConversationStore, NewEntry
 from sessionmem_proxy.valkey_client import connect
 
@@ -60,9 +64,12 @@ def _exchange_entries(count: int) -> list[NewEntry]:
     ]
 
 
-async def _seed(valkey_url: str, keys: Sequence[str], entries: int) -> None:
+async def _seed(valkey_url: str, keys: Sequence[str], entries: int, sealing: SealingKeys | None) -> None:
     client = connect(valkey_url, 5.0)
-    store = ConversationStore(client)
+    sealer = None
+    if sealing is not None:
+        sealer = Sealer(Keyring.load(sealing.keyring), DirectoryDataKeyStore(sealing.key_dir))
+    store = ConversationStore(client, sealer=sealer)
     try:
 
         async def one(key: str) -> None:
@@ -78,9 +85,31 @@ async def _seed(valkey_url: str, keys: Sequence[str], entries: int) -> None:
         await client.aclose()
 
 
-def seed(valkey_url: str, keys: Sequence[str], entries: int) -> None:
-    """Make each key a conversation of ``entries`` entries (alternating user/assistant)."""
-    asyncio.run(_seed(valkey_url, keys, entries))
+def seed(valkey_url: str, keys: Sequence[str], entries: int, sealing: SealingKeys | None = None) -> None:
+    """Make each key a conversation of ``entries`` entries (alternating user/assistant); with ``sealing``,
+    sealed as a proxy with those keys stores them (encryption at rest)."""
+    asyncio.run(_seed(valkey_url, keys, entries, sealing))
+
+
+@dataclass(frozen=True)
+class SealingKeys:
+    """Encryption at rest for the benchmark: a one-key KEK keyring and a directory of data keys."""
+
+    keyring: Path
+    key_dir: Path
+
+    @classmethod
+    def make(cls, root: Path) -> SealingKeys:
+        (root / "keyring").mkdir(parents=True, exist_ok=True)
+        (root / "keyring" / "bench").write_bytes(new_kek())
+        return cls(root / "keyring", root / "data-keys")
+
+    def proxy_env(self) -> dict[str, str]:
+        return {
+            env.SEALING_KEYRING: str(self.keyring),
+            env.SEALING_KEY_STORE: "directory",
+            env.SEALING_KEY_DIR: str(self.key_dir),
+        }
 
 
 def stored_entry_bytes(valkey_url: str, key: str) -> int:

@@ -323,8 +323,15 @@ class HttpService:
         self.process.stop()
 
 
-def proxy(valkey_url: str, workers: int, name: str | None = None, pythonpath: str | None = None) -> HttpService:
-    """The proxy with ``workers`` workers; with ``pythonpath``, the code found there (another commit's)."""
+def proxy(
+    valkey_url: str,
+    workers: int,
+    name: str | None = None,
+    pythonpath: str | None = None,
+    extra_env: Mapping[str, str] | None = None,
+) -> HttpService:
+    """The proxy with ``workers`` workers; with ``pythonpath``, the code found there (another commit's);
+    ``extra_env``: more of its settings (encryption at rest)."""
     port = free_port()
     env = {
         "SESSIONMEM_AUTH_MODE": "dev",
@@ -336,6 +343,7 @@ def proxy(valkey_url: str, workers: int, name: str | None = None, pythonpath: st
         "SESSIONMEM_QUOTA_BURST": "1000000",
         "SESSIONMEM_QUOTA_BYTES_PER_SECOND": str(1 << 40),
     }
+    env.update(extra_env or {})
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([pythonpath, *filter(None, [os.environ.get("PYTHONPATH")])])
     return HttpService(

@@ -73,6 +73,49 @@ def round_suffix(round_: int) -> str:
     return f".r{round_}"
 
 
+# Encryption at rest off and on, loaded in turn (bench.suite.Suite.sealing_off_and_on): results
+# ``sealing_key(mode, op) + round_suffix(n)`` of the process trees below; budget: on <= SEALING_BUDGET x off.
+SEALING_TREES = {"off": "proxy-plain", "on": "proxy-sealed"}
+SEALING_BUDGET = 1.15
+
+
+def sealing_key(mode: str, op: str) -> str:
+    return f"sealing.{mode}.w1.{op}.c64"
+
+
+def compare_sealing(results: dict[str, Any], op: str) -> tuple[float | None, float | None, float | None, int]:
+    """(CPU µs per request off, on, the median of the rounds' on/off ratios, rounds) for ``op``."""
+    http = results.get("http", {})
+    pairs = []
+    for round_ in range(1, INTERLEAVED_ROUNDS + 1):
+        suffix = round_suffix(round_)
+        off = _get(http, sealing_key("off", op) + suffix, "cpu_us_per_request", SEALING_TREES["off"])
+        on = _get(http, sealing_key("on", op) + suffix, "cpu_us_per_request", SEALING_TREES["on"])
+        if off and on:
+            pairs.append((float(off), float(on)))
+    if not pairs:
+        return None, None, None, 0
+    return (
+        statistics.median(o for o, _ in pairs),
+        statistics.median(n for _, n in pairs),
+        statistics.median(n / o for o, n in pairs),
+        len(pairs),
+    )
+
+
+def _sealing_rows(results: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for op, label in (("read", "read(40)"), ("append", "append(2)")):
+        off, on, ratio, rounds = compare_sealing(results, op)
+        if rounds:
+            rows.append([f"proxy CPU per {label} @64 conns", _num(off, ".0f") + " µs", _num(on, ".0f") + " µs",
+                         _num(ratio, ".2f") + f"x (median of {rounds} rounds)"])  # fmt: skip
+    return rows
+
+
+SEALING_HEADERS = ["figure", "encryption at rest off", "on", "on / off"]
+
+
 @dataclass(frozen=True)
 class Comparison:
     """This code's and the baseline's CPU per request for one load, and their ratio: from the interleaved
@@ -214,6 +257,8 @@ def derive(results: dict[str, Any], baseline: dict[str, Any] | None = None) -> d
             turn("langchain.redis_history"), turn("sessionmem.langchain")
         ),
         "pyload_vs_wrk_hello_w1": _ratio(rps("hello.w1.c64.pyload"), rps("hello.w1.c64")),
+        "proxy_read_cpu_sealed_vs_plain": compare_sealing(results, "read")[2],
+        "proxy_append_cpu_sealed_vs_plain": compare_sealing(results, "append")[2],
     }
 
 
@@ -266,6 +311,18 @@ def targets(results: dict[str, Any], derived: dict[str, float | None]) -> list[T
         at_most(f"proxy CPU per read @64 conns vs {BASELINE_LABEL}", derived["proxy_read_cpu_vs_baseline"], 1.5, "x"),
         at_most(
             f"proxy CPU per append @64 conns vs {BASELINE_LABEL}", derived["proxy_append_cpu_vs_baseline"], 1.5, "x"
+        ),
+        at_most(
+            "proxy CPU per read @64 conns, encryption at rest on / off",
+            derived["proxy_read_cpu_sealed_vs_plain"],
+            SEALING_BUDGET,
+            "x",
+        ),
+        at_most(
+            "proxy CPU per append @64 conns, encryption at rest on / off",
+            derived["proxy_append_cpu_sealed_vs_plain"],
+            SEALING_BUDGET,
+            "x",
         ),
     ]
 
@@ -529,6 +586,7 @@ def render_text(report: dict[str, Any]) -> str:
         ("Launcher", ["figure", "value"], _launcher_rows(results)),
         ("Noisy neighbour", NOISY_HEADERS, _noisy_rows(results)),
         ("Before / after", BEFORE_AFTER_HEADERS, _before_after_rows(results, baseline_results())),
+        ("Encryption at rest", SEALING_HEADERS, _sealing_rows(results)),
         ("Ratios", ["ratio", "value"], _derived_rows(derived)),
         ("Targets", ["target", "wanted", "measured", "status"], _target_rows(target_list)),
     ):
@@ -603,6 +661,13 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"### Before / after: CPU per request against {BASELINE_LABEL}",
         "",
         *_md_table(BEFORE_AFTER_HEADERS, _before_after_rows(results, baseline_results())),
+        "",
+        "### Encryption at rest: proxy CPU per request, off and on",
+        "",
+        "The same proxy without and with sealing (data keys cached; docs/encryption.md), 1 worker each, loaded in "
+        "turn round by round; each reads conversations of 500 entries stored its own way.",
+        "",
+        *_md_table(SEALING_HEADERS, _sealing_rows(results)),
         "",
         "### Ratios",
         "",

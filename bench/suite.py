@@ -9,6 +9,7 @@ import contextlib
 import shutil
 import statistics
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -70,7 +71,7 @@ class Results:
     payload: dict[str, Any] = field(default_factory=dict)
 
 
-SECTIONS = ("valkey", "hello", "proxy", "history", "full", "agents", "startup", "noisy")
+SECTIONS = ("valkey", "hello", "proxy", "history", "full", "agents", "startup", "noisy", "sealing")
 
 
 class Suite:
@@ -203,7 +204,41 @@ class Suite:
                 self.proxy_two_workers_and_beyond()
             if self.wanted("noisy"):
                 self.noisy_neighbour()
+            if self.wanted("sealing"):
+                self.sealing_off_and_on()
         return self.r
+
+    def sealing_off_and_on(self) -> None:
+        """Encryption at rest's cost: the proxy without it and with it (a directory of data keys, so no API
+        server is in the loop; the data key is cached either way), 1 worker each, loaded in turn as
+        ``proxy_before`` loads its two proxies. Each reads conversations stored its own way (the sealed one
+        500 sealed entries) and appends to conversations of its own."""
+        assert self.valkey is not None
+        self.log("proxy without and with encryption at rest, 1 worker each, loaded in turn")
+        root = Path(tempfile.mkdtemp(prefix="sessionmem-bench-sealing-"))
+        try:
+            keys = data.SealingKeys.make(root)
+            url = self.valkey.url
+            data.seed(url, [data.proxy_key(c) for c in data.conversation_ids("sr500")], data.CAP, keys)
+            data.seed(url, [data.proxy_key(c) for c in data.conversation_ids("sa")], data.CAP - 2, keys)
+            data.seed(url, [data.proxy_key(c) for c in data.conversation_ids("pa")], data.CAP - 2)
+            with (
+                self.service(proxy(url, 1, report.SEALING_TREES["off"])) as off,
+                self.service(proxy(url, 1, report.SEALING_TREES["on"], extra_env=keys.proxy_env())) as on,
+            ):
+                sides = [(off, "off", "r500", "pa"), (on, "on", "sr500", "sa")]
+                for round_ in range(1, report.INTERLEAVED_ROUNDS + 1):
+                    for op in PROXY_OPS:
+                        for svc, mode, reads, appends in sides if round_ % 2 else sides[::-1]:
+                            key = report.sealing_key(mode, op) + report.round_suffix(round_)
+                            label = f"proxy {op}, encryption at rest {mode}, 1 worker, 64 conns, round {round_}"
+                            if op == "read":
+                                self.http(key, label, svc.port, self._read_paths(reads), 64, [svc])
+                            else:
+                                paths, body = self._append_paths(appends), data.exchange_body()
+                                self.http(key, label, svc.port, paths, 64, [svc], method="POST", body=body)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
     def noisy_neighbour(self) -> None:
         assert self.valkey is not None

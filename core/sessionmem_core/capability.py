@@ -65,10 +65,19 @@ def _check_key(key: bytes) -> bytes:
     return key
 
 
-def _check_kid(kid: str) -> str:
+def check_kid(kid: str) -> str:
+    """A key id as keyrings name their keys (this one's, and the proxy's data key keyring)."""
     if not kid or len(kid) > MAX_KID_LENGTH or not kid.isascii() or not all(c.isalnum() or c in "-_." for c in kid):
         raise ValueError(f"a key id is 1-{MAX_KID_LENGTH} characters of [A-Za-z0-9._-]")
     return kid
+
+
+def key_files(path: Path) -> dict[str, Path]:
+    """The keys of a keyring by key id: a folder (a mounted Secret: each file is a key named by its id;
+    Kubernetes' ``..data`` entries are skipped) or one file (id ``default``)."""
+    if path.is_dir():
+        return {e.name: e for e in sorted(path.iterdir()) if not e.name.startswith(".") and e.is_file()}
+    return {LEGACY_KID: path}
 
 
 def new_key() -> bytes:
@@ -94,7 +103,7 @@ class Keyring:
         if not self.signing_keys:
             raise ValueError("a keyring needs at least one signing key")
         for kid, key in self.signing_keys.items():
-            _check_kid(kid)
+            check_kid(kid)
             _check_key(key)
         _check_key(self.bucket_key)
         if self.max_lifetime_seconds < 1:
@@ -118,14 +127,7 @@ class Keyring:
         each file is a key named by its key id; Kubernetes' ``..data`` entries are skipped). Buckets come
         from ``bucket_key_file``; without one, a single signing key derives them (how deployments before
         key rotation did), and several keys without a bucket key are refused: rotating would orphan them."""
-        if signing.is_dir():
-            keys = {
-                entry.name: load_key(entry)
-                for entry in sorted(signing.iterdir())
-                if not entry.name.startswith(".") and entry.is_file()
-            }
-        else:
-            keys = {LEGACY_KID: load_key(signing)}
+        keys = {kid: load_key(file) for kid, file in key_files(signing).items()}
         if bucket_key_file is not None:
             bucket = load_key(bucket_key_file)
         elif len(keys) == 1:
@@ -146,7 +148,7 @@ def mint_capability(
     if not subject or len(subject) > MAX_SUBJECT_LENGTH:
         raise ValueError(f"subject must be 1-{MAX_SUBJECT_LENGTH} characters")
     issued = int(time.time() if now is None else now)
-    claims = {"kid": _check_kid(kid), "sub": subject, "agt": agent.author, "iat": issued, "exp": issued + ttl_seconds}
+    claims = {"kid": check_kid(kid), "sub": subject, "agt": agent.author, "iat": issued, "exp": issued + ttl_seconds}
     head = f"{_VERSION}.{_b64(orjson.dumps(claims))}"
     return f"{head}.{_b64(_signature(_check_key(key), head.encode()))}"
 

@@ -88,6 +88,14 @@ KUBE_TOKEN_FILE = "SESSIONMEM_KUBE_TOKEN_FILE"
 MEMBERSHIP_CACHE_SECONDS = "SESSIONMEM_MEMBERSHIP_CACHE_SECONDS"
 # Extra named redactors, a JSON object of name -> regex, that agents may opt into besides the built-in ones.
 REDACT_PATTERNS = "SESSIONMEM_REDACT_PATTERNS"
+# Encryption at rest (off until a keyring is mounted): the key-encryption keys (a folder, one file per key
+# id), where the wrapped data keys live ("secret": Secrets in SESSIONMEM_SEALING_NAMESPACE, the proxy's
+# own; "directory": files in SESSIONMEM_SEALING_KEY_DIR) and how long a replica caches an unwrapped one.
+SEALING_KEYRING = "SESSIONMEM_SEALING_KEYRING"
+SEALING_KEY_STORE = "SESSIONMEM_SEALING_KEY_STORE"
+SEALING_NAMESPACE = "SESSIONMEM_SEALING_NAMESPACE"
+SEALING_KEY_DIR = "SESSIONMEM_SEALING_KEY_DIR"
+SEALING_CACHE_SECONDS = "SESSIONMEM_SEALING_CACHE_SECONDS"
 
 # --- operator side, written by the chart ---
 OPERATOR_PROXY_URL = "SESSIONMEM_OPERATOR_PROXY_URL"
@@ -317,6 +325,11 @@ class ProxySettings:
     quota_bytes_per_second: int = DEFAULT_QUOTA_BYTES_PER_SECOND
     quota_rate_share: int = 1
     limits: ServingLimits = ServingLimits()
+    sealing_keyring: str | None = None
+    sealing_key_store: str = "secret"
+    sealing_namespace: str | None = None
+    sealing_key_dir: str | None = None
+    sealing_cache_seconds: float = 30.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProxySettings:
@@ -347,4 +360,9 @@ class ProxySettings:
             quota_bytes_per_second=_int(env, QUOTA_BYTES_PER_SECOND, DEFAULT_QUOTA_BYTES_PER_SECOND, 1, 1 << 50),
             quota_rate_share=_int(env, QUOTA_RATE_SHARE, 1, 1, 100_000),
             limits=ServingLimits.from_env(env),
+            sealing_keyring=env.get(SEALING_KEYRING) or None,
+            sealing_key_store=_choice(env, SEALING_KEY_STORE, ("secret", "directory")),
+            sealing_namespace=env.get(SEALING_NAMESPACE) or None,
+            sealing_key_dir=env.get(SEALING_KEY_DIR) or None,
+            sealing_cache_seconds=_float(env, SEALING_CACHE_SECONDS, 30.0),
         )

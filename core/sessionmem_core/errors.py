@@ -170,6 +170,23 @@ class AuthUnavailable(SessionMemError):
     status = 503
 
 
+class DataKeyUnavailable(SessionMemError):
+    """Encryption at rest: the data key a read or write needs cannot be had (its store cannot be reached,
+    or its key-encryption key left the keyring). We fail closed: nothing is stored unsealed, nothing is
+    read without its key."""
+
+    error_type = "data_key_unavailable"
+    status = 503
+
+
+class SealedEntryInvalid(SessionMemError):
+    """Encryption at rest: a sealed entry (or a wrapped data key) does not open under the conversation and
+    id it is stored at: it was altered or moved. Refused, never returned."""
+
+    error_type = "sealed_entry_invalid"
+    status = 500
+
+
 def error_body(error_type: str, message: str) -> bytes:
     return orjson.dumps({"error": {"type": error_type, "message": message}})
 

@@ -161,6 +161,12 @@ class ClearResponse(_Model):
 class UserErasure(_Model):
     conversations: list[str] = Field(description="Ids of the end user's conversations that were removed.")
     entries: int
+    dataKeysDestroyed: list[str] | None = Field(  # noqa: N815
+        default=None,
+        description="With encryption at rest: the data keys destroyed (one per agent, user bucket or registry), "
+        "which leaves what they sealed unreadable in every copy of the stored data (AOF, snapshots, replicas, "
+        "backups). Null when the proxy does not encrypt at rest.",
+    )
 
 
 class ErasureReceipt(_Model):
@@ -173,6 +179,12 @@ class ErasureReceipt(_Model):
     keys: list[str] = Field(description="The Valkey keys removed.")
     entries: int = Field(description="How many entries they held.")
     erasedBy: str = Field(description="The Kubernetes user the API server vouched for.")  # noqa: N815
+    dataKeysDestroyed: list[str] | None = Field(  # noqa: N815
+        default=None,
+        description="With encryption at rest: the data keys destroyed (one per agent, user bucket or registry), "
+        "which leaves what they sealed unreadable in every copy of the stored data (AOF, snapshots, replicas, "
+        "backups). Null when the proxy does not encrypt at rest.",
+    )
 
 
 class AdminConversation(_Model):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -80,6 +81,10 @@ def _stack(workdir: Path) -> Iterator[dict[str, str]]:
         started.append(valkey)
         _wait_port(valkey_port)
         _say(f"  valkey     127.0.0.1:{valkey_port}   (embedded valkey-server, AOF on)")
+        # Encryption at rest, as the chart can turn it on: a key-encryption key of this run's own, and the
+        # data keys in a directory beside the AOF (docs/encryption.md).
+        (workdir / "keyring").mkdir(exist_ok=True)
+        (workdir / "keyring" / "demo").write_text(secrets.token_hex(32))
         proxy = _Process(
             "proxy",
             [sys.executable, "-m", "sessionmem_proxy"],
@@ -89,11 +94,15 @@ def _stack(workdir: Path) -> Iterator[dict[str, str]]:
                 env.AUTH_MODE: "dev",
                 env.PROXY_HOST: "127.0.0.1",
                 env.PROXY_PORT: str(proxy_port),
+                env.SEALING_KEYRING: str(workdir / "keyring"),
+                env.SEALING_KEY_STORE: "directory",
+                env.SEALING_KEY_DIR: str(workdir / "data-keys"),
             },
         )
         started.append(proxy)
         proxy.wait_healthy(f"http://127.0.0.1:{proxy_port}/readyz")
-        _say(f"  proxy      127.0.0.1:{proxy_port}   (dev identity mode: local only, never in a cluster)")
+        _say(f"  proxy      127.0.0.1:{proxy_port}   (dev identity mode: local only, never in a cluster;"
+             " entries encrypted at rest)")  # fmt: skip
         token = workdir / "token"
         token.write_text(dev_token(NAMESPACE, AGENT))
         yield {

@@ -27,7 +27,7 @@ from sessionmem_core import api, kube, wire
 from sessionmem_core.errors import Forbidden, InvalidRequest, NotFound, SessionMemError
 from sessionmem_core.ids import parse_conversation_id
 from sessionmem_core.keys import Owner
-from sessionmem_proxy.bulk import delete_all, export_page
+from sessionmem_proxy.bulk import erase_space, export_page
 from sessionmem_proxy.identity import bearer_token
 from sessionmem_proxy.keying import (
     agent_of,
@@ -123,11 +123,14 @@ async def erase_user_everywhere(ctx: ProxyContext, p: AdminNamespaceUserParams, 
             break
     removed: list[str] = []
     entries = 0
+    destroyed: list[str] | None = None
     with ctx.tracer.span("admin_erase", "", p.traceparent) as span:
         for agent in sorted(agents):
-            keys, count = await delete_all(ctx.store, ctx.keys.bucket_prefix(Owner(namespace, agent), user))
-            removed += keys
-            entries += count
+            erased = await erase_space(ctx.store, ctx.keys.bucket_prefix(Owner(namespace, agent), user))
+            removed += erased.keys
+            entries += erased.entries
+            if erased.data_keys_destroyed is not None:
+                destroyed = (destroyed or []) + erased.data_keys_destroyed
         span.entries = entries
     _AUDIT.warning(
         "memory of one user with every agent of %s erased by %s: %d keys, %d entries",
@@ -138,7 +141,13 @@ async def erase_user_everywhere(ctx: ProxyContext, p: AdminNamespaceUserParams, 
     )
     return model_reply(
         wire.ErasureReceipt(
-            namespace=namespace, agent="", user=user, keys=sorted(removed), entries=entries, erasedBy=admin.username
+            namespace=namespace,
+            agent="",
+            user=user,
+            keys=sorted(removed),
+            entries=entries,
+            erasedBy=admin.username,
+            dataKeysDestroyed=sorted(destroyed) if destroyed is not None else None,
         )
     )
 
@@ -164,7 +173,8 @@ async def _erase(
         raise Forbidden("memory administration is not enabled on this proxy")
     admin = await ctx.admin.authorize(bearer_token(p.authorization), ERASE, namespace, name, resource)
     with ctx.tracer.span("admin_erase", "", p.traceparent) as span:
-        removed, entries = await delete_all(ctx.store, prefix)
+        erased = await erase_space(ctx.store, prefix)
+        removed, entries = erased.keys, erased.entries
         span.entries = entries
     target = f"{namespace}/{name}" if namespace else f"registry {name}"
     _AUDIT.warning(
@@ -185,6 +195,7 @@ async def _erase(
             keys=sorted(removed),
             entries=entries,
             erasedBy=admin.username,
+            dataKeysDestroyed=erased.data_keys_destroyed,
         )
     )
 
@@ -393,5 +404,8 @@ async def erase_conversation(ctx: ProxyContext, p: AdminConversationParams, _: B
             keys=[key] if entries else [],
             entries=entries,
             erasedBy=admin.username,
+            # One conversation shares its data key with the rest of its agent's (or user's) memory: no key
+            # is destroyed, so copies of it in the AOF or a backup stay readable until they roll.
+            dataKeysDestroyed=[] if ctx.store.sealer is not None else None,
         )
     )

@@ -41,6 +41,7 @@ from sessionmem_proxy.rbac import AdminAuthorizer, DevAdminAuthorizer, KubeAdmin
 from sessionmem_proxy.redaction import Redaction
 from sessionmem_proxy.replies import Reply, error_reply, internal_error_reply
 from sessionmem_proxy.routes import NotAllowedHere, Route, RouteTable
+from sessionmem_proxy.sealing import sealer_from_settings
 from sessionmem_proxy.store import ConversationStore, UsageLedger
 from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
 from sessionmem_proxy.valkey_client import connect
@@ -223,8 +224,11 @@ def create_app(
     closers: list[Callable[[], Awaitable[None]]] = []
     if store is None:
         owned_client = connect(settings.valkey_url, settings.valkey_timeout_seconds)
-        store = ConversationStore(owned_client, UsageLedger(owned_client))
+        sealer, close_keys = sealer_from_settings(settings, KubeAPI.from_settings)
+        store = ConversationStore(owned_client, UsageLedger(owned_client), sealer)
         closers.append(owned_client.aclose)
+        if close_keys is not None:
+            closers.append(close_keys)
     default_limits = QuotaLimits.defaults(settings)
     limits: LimitSource = DefaultLimits(default_limits)
     admin: AdminAuthorizer | None = None

@@ -3,7 +3,9 @@ administrators' (``admin``): an export page, a page of a space's conversations, 
 
 from __future__ import annotations
 
-from sessionmem_proxy.keying import keys_under
+from dataclasses import dataclass
+
+from sessionmem_proxy.keying import data_key_unit_of_space, keys_under
 from sessionmem_proxy.store import ConversationStore
 
 _SCAN_BATCH = 200
@@ -62,3 +64,23 @@ async def delete_all(store: ConversationStore, prefix: str) -> tuple[list[str], 
                 entries += count
         if cursor == 0:
             return removed_keys, entries
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """What erasing a space (an agent's, a registry's, or one user's bucket) removed."""
+
+    keys: list[str]
+    entries: int
+    # The units whose data key was destroyed; None when the proxy does not seal (encryption at rest off).
+    data_keys_destroyed: list[str] | None
+
+
+async def erase_space(store: ConversationStore, prefix: str) -> Erasure:
+    """Erase every conversation under ``prefix``. With sealing, the space's data keys are destroyed first:
+    that is what makes the entries unreadable in the AOF, the snapshots, the replicas and the backups, and
+    what a failure must stop (fail closed: nothing is reported erased while its key survives). A write
+    that races the erasure lands sealed with a key that no longer exists, or under a new one."""
+    destroyed = await store.sealer.erase(data_key_unit_of_space(prefix)) if store.sealer is not None else None
+    removed, entries = await delete_all(store, prefix)
+    return Erasure(removed, entries, destroyed)

@@ -10,6 +10,7 @@ from sessionmem_core.capability import Keyring, user_bucket, verify_capability
 from sessionmem_core.errors import AuthUnavailable, Forbidden, InvalidRequest, Unauthenticated, UserCapabilityRequired
 from sessionmem_core.ids import ConversationId
 from sessionmem_core.keys import (
+    KEY_PREFIX,
     Owner,
     Scope,
     bucket_of,
@@ -163,3 +164,25 @@ def listing_key(space: str) -> str:
 def bucket_of_space(key_or_space: str) -> str | None:
     """The user bucket a conversation key or a space prefix lives in (perUser), None for any other."""
     return bucket_of(key_or_space)
+
+
+# --- encryption at rest: the units one data key seals (``datakeys``) ---
+
+_USER_BUCKET = ":u:"
+
+
+def data_key_unit(conversation_key: str) -> str:
+    """The unit a conversation's entries are sealed under: its key without ``mem:`` and the conversation
+    id (``<namespace>/<agent>``, ``<namespace>/<agent>:u:<bucket>`` or ``shared:<registry>``; conversation
+    ids hold no ``:``, so the unit is everything before the last one)."""
+    return conversation_key[len(KEY_PREFIX) : conversation_key.rindex(":")]
+
+
+def data_key_unit_of_space(prefix: str) -> str:
+    """The unit of a space or bucket prefix as built here (``mem:<unit>:``)."""
+    return prefix[len(KEY_PREFIX) : -1]
+
+
+def data_key_space(unit: str) -> str:
+    """The agent (or registry) a unit belongs to: erasing it erases every unit of the space."""
+    return unit.split(_USER_BUCKET, 1)[0]

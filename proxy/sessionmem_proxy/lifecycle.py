@@ -10,7 +10,7 @@ from sessionmem_core import api, wire
 from sessionmem_core.errors import Forbidden, InvalidRequest, NotFound
 from sessionmem_core.ids import parse_conversation_id
 from sessionmem_core.keys import Scope
-from sessionmem_proxy.bulk import delete_all, export_page
+from sessionmem_proxy.bulk import erase_space, export_page
 from sessionmem_proxy.context import ProxyContext, identify
 from sessionmem_proxy.hot import new_entries, operation
 from sessionmem_proxy.keying import bucket_of_space, conversation_in, listing_key, sibling_key, usage_keys_of
@@ -280,7 +280,9 @@ async def erase_user(ctx: ProxyContext, p: EraseUserParams, _: BaseModel | None)
     with ctx.tracer.span("erase_user", "", p.traceparent) as span:
         identity = await identify(ctx, p.authorization)
         user_prefix = ctx.keys.user_prefix(identity, p.capability)
-        removed, entries = await delete_all(ctx.store, user_prefix)
-        span.scope, span.entries = Scope.SESSION.value, entries
-        ids = sorted(conversation_in(user_prefix, k) for k in removed)
-        return model_reply(wire.UserErasure(conversations=ids, entries=entries))
+        erased = await erase_space(ctx.store, user_prefix)
+        span.scope, span.entries = Scope.SESSION.value, erased.entries
+        ids = sorted(conversation_in(user_prefix, k) for k in erased.keys)
+        return model_reply(
+            wire.UserErasure(conversations=ids, entries=erased.entries, dataKeysDestroyed=erased.data_keys_destroyed)
+        )

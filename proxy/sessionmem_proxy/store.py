@@ -9,13 +9,14 @@ cap trims old entries (an entry count would stop at the cap).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 import re
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import orjson
 from valkey.asyncio.cluster import ValkeyCluster
@@ -37,6 +38,13 @@ from sessionmem_core.errors import (
 )
 from sessionmem_core.ids import new_message_id
 from sessionmem_proxy.keying import usage_keys_of
+
+if TYPE_CHECKING:
+    from sessionmem_proxy.sealing import Sealer
+
+# What turns an entry's id and its fields (a JSON object) into what follows its id and version when it is
+# stored: sealed (``sealing.Sealer.seal``), or as they are.
+Seal = Callable[[str, bytes], bytes]
 
 _LOG = logging.getLogger("sessionmem.store")
 
@@ -599,6 +607,9 @@ return {1, record[1] or '', record[2] or '', record[3] or '', record[4] or '', u
 """
 
 
+# The names a conversation's sealed catalogue fields are bound to (``sealing.Sealer.seal_field``).
+_TITLE, _LABELS = "title", "labels"
+
 _VERSION = re.compile(rb'^\{"id":"[^"]*","v":(\d+)(?:,"rewoundAt":(\d+))?')
 _REWOUND_AT = re.compile(rb'^(\{"id":"[^"]*","v":\d+),"rewoundAt":\d+')
 
@@ -795,7 +806,12 @@ class ValkeyLike(Protocol):
 
 
 def _entry_args(
-    entries: Sequence[EntryToStore], author: str, now_ms: int, client_flags: bool = False, ids_identify: bool = True
+    entries: Sequence[EntryToStore],
+    author: str,
+    now_ms: int,
+    client_flags: bool = False,
+    ids_identify: bool = True,
+    seal: Seal | None = None,
 ) -> list[str | bytes]:
     """(id, rest-of-entry) pairs; with ``client_flags``, (id, '1' if the client chose it and ids identify
     retries (``ids_identify``) else '0', rest).
@@ -808,10 +824,11 @@ def _entry_args(
         if entry.item is not None:
             rest = rest[:-1] + b',"item":' + _item_json(entry.item) + b"}"
         # The id was validated (no quotes, no control characters), so it is safe inside a JSON string.
-        args.append(entry.id or new_message_id())
+        entry_id = entry.id or new_message_id()
+        args.append(entry_id)
         if client_flags:
             args.append("1" if entry.id and ids_identify else "0")
-        args.append(b"," + rest[1:])
+        args.append(b"," + rest[1:] if seal is None else seal(entry_id, rest))
     return args
 
 
@@ -826,7 +843,12 @@ def _item_json(item: dict[str, Any]) -> bytes:
 
 
 def append_args(
-    entries: Sequence[EntryToStore], author: str, cap: int, ttl_seconds: int, idempotency_key: str | None = None
+    entries: Sequence[EntryToStore],
+    author: str,
+    cap: int,
+    ttl_seconds: int,
+    idempotency_key: str | None = None,
+    seal: Seal | None = None,
 ) -> list[Any]:
     """ARGV of the append script (``APPEND_SCRIPT``) for one batch: what every append sends, and what
     the benchmark's Valkey ceiling sends to measure the same server-side step without the proxy. With
@@ -839,7 +861,7 @@ def append_args(
         RETRY_WINDOW_BYTES,
         RETRY_CHUNK_ENTRIES,
         idempotency_key or "",
-        *_entry_args(entries, author, _now_ms(), client_flags=True, ids_identify=idempotency_key is None),
+        *_entry_args(entries, author, _now_ms(), True, idempotency_key is None, seal),
     ]
 
 
@@ -850,9 +872,12 @@ APPEND_SCRIPT = _APPEND
 class ConversationStore:
     """Atomic operations on one conversation key; backend failures surface as BackendUnavailable."""
 
-    def __init__(self, client: ValkeyLike, ledger: UsageLedger | None = None) -> None:
+    def __init__(self, client: ValkeyLike, ledger: UsageLedger | None = None, sealer: Sealer | None = None) -> None:
         self._client = client
         self.ledger = ledger
+        # Encryption at rest (``sealing``): with a sealer, every entry is sealed on its way in and opened on
+        # its way out, so what the store answers is the same either way.
+        self.sealer = sealer
         # With a ledger on a standalone Valkey every write runs its counted script, otherwise its plain one.
         self._counted = ledger is not None and ledger.atomic
         counted = self._counted
@@ -881,7 +906,9 @@ class ConversationStore:
     ) -> AppendResult:
         """``quota``: the writer's storage limits, which a store that accounts its writes needs (``_write``);
         ``idempotency_key``: the append's, which then alone identifies a retry."""
-        args = append_args(entries, author, cap, ttl_seconds, idempotency_key)
+        # Without sealing, no coroutine more on the hot path.
+        seal = None if self.sealer is None else await self._seal(key)
+        args = append_args(entries, author, cap, ttl_seconds, idempotency_key, seal)
         reply = await self._write(self._append, key, args, quota)
         version, stored, length, duplicates, added, created = reply
         if self.ledger is not None and not self._counted and int(stored):
@@ -906,7 +933,11 @@ class ConversationStore:
             raw: list[bytes] = await self._guard(self._client.lrange(key, -1, -1))
             return ReadResult(version=version_of(raw[0]) if raw else 0, raw_entries=[])
         _head, window, _ = await self._call(self._read_window, key, [limit, READ_ANSWER_BYTES, "", READ_FIRST_CHUNK])
-        return ReadResult(version=version_of(window[-1]) if window else 0, raw_entries=list(window))
+        raw = list(window)
+        version = version_of(raw[-1]) if raw else 0
+        if self.sealer is not None:
+            raw = await self.sealer.open(key, raw)
+        return ReadResult(version=version, raw_entries=raw)
 
     async def read_with_summary(self, key: str, limit: int) -> ReadResult:
         """``read`` (bounded by bytes as it is), and the conversation's summary: its compaction summary, with
@@ -930,6 +961,10 @@ class ConversationStore:
         if int(compacted):
             through = written_at(head)
             window = [raw for raw in window if written_at(raw) > through]
+        if self.sealer is not None:
+            opened = await self.sealer.open(key, window)
+            summary = await self.sealer.open(key, [head]) if head else []
+            return ReadResult(version=version, raw_entries=opened, raw_summary=summary[0] if summary else None)
         return ReadResult(version=version, raw_entries=list(window), raw_summary=head or None)
 
     async def summary_of(self, key: str) -> bytes | None:
@@ -937,7 +972,8 @@ class ConversationStore:
         if self.ledger is None:
             return None
         raw = await self._guard(self._summary_of(keys=[usage_keys_of(key)[3]], args=[key]))
-        return bytes(raw) if raw else None
+        opened = await self._open(key, [bytes(raw)]) if raw else []
+        return opened[0] if opened else None
 
     async def compact(
         self, key: str, summary: EntryToStore, author: str, through_version: int, quota: StorageQuota
@@ -952,7 +988,7 @@ class ConversationStore:
             raise NotFound("no such conversation")
         if through_version > version:
             raise InvalidRequest(f"body.throughVersion: the conversation is at version {version}")
-        entry_id, rest = _entry_args([summary], author, _now_ms())
+        entry_id, rest = _entry_args([summary], author, _now_ms(), seal=await self._seal(key))
         assert isinstance(entry_id, str) and isinstance(rest, bytes)
         raw = b'{"id":"%s","v":%d%s' % (entry_id.encode(), through_version, rest)
         keys = list(usage_keys_of(key))
@@ -977,7 +1013,7 @@ class ConversationStore:
         rows, more, score, count = await self._guard(
             self._catalogue_page(keys=[index, expiries, meta], args=[top, taken, limit])
         )
-        records = [_record(row) for row in rows]
+        records = [await self._record(row) for row in rows]
         return CataloguePage(records, (int(float(score)), int(count)) if int(more) else None)
 
     async def set_metadata(
@@ -986,18 +1022,30 @@ class ConversationStore:
         """Set (True, value; None clears) or keep (False, _) a conversation's title and labels; None when
         the catalogue does not list it."""
         meta = usage_keys_of(key)[2]
-        args = [
-            key,
-            "1" if title[0] else "0",
-            title[1] or "",
-            "1" if labels[0] else "0",
-            orjson.dumps(labels[1]) if labels[1] else "",
-        ]
+        title_text = title[1] or ""
+        labels_text = orjson.dumps(labels[1]).decode() if labels[1] else ""
+        if self.sealer is not None:
+            # A title and labels are the user's words as much as the entries are: sealed alike.
+            if title_text:
+                title_text = await self.sealer.seal_field(key, _TITLE, title_text)
+            if labels_text:
+                labels_text = await self.sealer.seal_field(key, _LABELS, labels_text)
+        args = [key, "1" if title[0] else "0", title_text, "1" if labels[0] else "0", labels_text]
         reply = await self._guard(self._set_metadata(keys=[meta], args=args))
         if not int(reply[0]):
             return None
-        created, entries, title_text, labels_json, updated = reply[1:]
-        return _record([key, updated, created, entries, title_text, labels_json])
+        created, entries, stored_title, stored_labels, updated = reply[1:]
+        return await self._record([key, updated, created, entries, stored_title, stored_labels])
+
+    async def _record(self, row: Sequence[Any]) -> CatalogueRecord:
+        """A catalogue row as the caller sees it: its title and labels opened when sealed (None and no
+        labels when their data key was erased)."""
+        if self.sealer is None:
+            return _record(row)
+        key, updated, created, entries, title, labels = (_text(part) for part in row)
+        opened_title = await self.sealer.open_field(key, _TITLE, title) if title else ""
+        opened_labels = await self.sealer.open_field(key, _LABELS, labels) if labels else ""
+        return _record([key, updated, created, entries, opened_title or "", opened_labels or ""])
 
     async def scan(self, match: str, cursor: int, count: int) -> tuple[int, list[str]]:
         next_cursor, keys = await self._guard(self._client.scan(cursor=cursor, match=match, count=count))
@@ -1005,12 +1053,14 @@ class ConversationStore:
 
     async def read_all(self, key: str) -> ReadResult:
         raw: list[bytes] = await self._guard(self._client.lrange(key, 0, -1))
-        return ReadResult(version=version_of(raw[-1]) if raw else 0, raw_entries=raw)
+        version = version_of(raw[-1]) if raw else 0
+        return ReadResult(version=version, raw_entries=await self._open(key, raw))
 
     async def read_range(self, key: str, start: int, stop: int) -> list[bytes]:
-        """Entries ``start`` to ``stop`` (LRANGE indexes, inclusive): one page of an export."""
+        """Entries ``start`` to ``stop`` (LRANGE indexes, inclusive): one page of an export. (With sealing,
+        an entry whose data key was erased is left out, so a page may hold fewer than asked for.)"""
         raw: list[bytes] = await self._guard(self._client.lrange(key, start, stop))
-        return raw
+        return await self._open(key, raw)
 
     async def replace(
         self,
@@ -1023,7 +1073,8 @@ class ConversationStore:
         quota: StorageQuota | None = None,
     ) -> AppendResult:
         expected = "*" if expected_version is None else str(expected_version)
-        args: list[Any] = [expected, cap, ttl_seconds, *_entry_args(entries, author, _now_ms())]
+        entry_args = _entry_args(entries, author, _now_ms(), seal=await self._seal(key))
+        args: list[Any] = [expected, cap, ttl_seconds, *entry_args]
         version, stored, size = await self._write(self._replace, key, args, quota)
         if int(version) < 0:
             raise VersionConflict(f"conversation is at version {stored}, not {expected_version}")
@@ -1054,7 +1105,8 @@ class ConversationStore:
         version, length, raw, removed, delta, ttl = reply
         if self.ledger is not None and not self._counted and int(removed):
             await self._account(self._shrunk(key, int(delta), int(ttl), int(length)))
-        return PopResult(int(version), int(length), bytes(raw) if int(removed) else None)
+        opened = await self._open(key, [bytes(raw)]) if int(removed) else []
+        return PopResult(int(version), int(length), opened[0] if opened else None)
 
     async def rewind(self, key: str, to_version: int, expected_version: int | None = None) -> RewindResult:
         """Drop the entries written after ``to_version`` (a write when any were); VersionConflict on a mismatch."""
@@ -1072,13 +1124,27 @@ class ConversationStore:
     ) -> AppendResult:
         """A new conversation holding ``raw_entries`` as they are (a fork's copies); ConversationExists when
         the key holds one already."""
-        version, kept, *_ = await self._write(self._create, key, [cap, ttl_seconds, *raw_entries], quota)
+        stored: Sequence[bytes] = raw_entries
+        if self.sealer is not None and raw_entries:
+            dek = await self.sealer.writing_key(key)
+            stored = [self.sealer.reseal(dek, key, raw) for raw in raw_entries]
+        version, kept, *_ = await self._write(self._create, key, [cap, ttl_seconds, *stored], quota)
         if int(version) < 0:
             raise ConversationExists("a conversation with that id exists already")
         if self.ledger is not None and not self._counted:
-            size = sum(len(raw) for raw in raw_entries[-cap:])
+            size = sum(len(raw) for raw in stored[-cap:])
             await self._account(self.ledger.sized(key, size, ttl_seconds, int(kept)))
         return AppendResult(version=int(version), stored=int(kept), length=int(kept), created=True)
+
+    async def _seal(self, key: str) -> Seal | None:
+        """How this conversation's new entries are stored: sealed with its unit's data key (made on the
+        unit's first write), or as they are when sealing is off."""
+        if self.sealer is None:
+            return None
+        return functools.partial(self.sealer.seal, await self.sealer.writing_key(key), key)
+
+    async def _open(self, key: str, raw: list[bytes]) -> list[bytes]:
+        return raw if self.sealer is None else await self.sealer.open(key, raw)
 
     def _shrunk(self, key: str, delta: int, ttl: int, length: int) -> Awaitable[Usage]:
         assert self.ledger is not None

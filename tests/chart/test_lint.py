@@ -503,6 +503,7 @@ VALUE_SETS: dict[str, tuple[str, ...]] = {
         "externalValkey.existingSecret=valkey-credentials",
     ),
     "capability-key": ("--set", "proxy.capabilityKey.enabled=true"),
+    "encryption": ("--set", "proxy.encryption.enabled=true"),
     "namespaced-operator": ("--set", "operator.watchNamespaces={team-a,team-b}"),
     "no-policies-no-tests": ("--set", "networkPolicy.enabled=false", "--set", "tests.enabled=false"),
 }

@@ -71,6 +71,15 @@ def test_a_receipt_names_who_erased_what() -> None:
     assert render_receipt(receipt) == "Erased by alice: n/a\n1 conversation key, 2 entries removed\n  mem:n/a:c\n"
 
 
+def test_a_receipt_lists_the_data_keys_an_erasure_destroyed() -> None:
+    sealed = wire.ErasureReceipt(
+        namespace="n", agent="a", keys=["mem:n/a:c"], entries=2, erasedBy="alice", dataKeysDestroyed=["n/a"]
+    )
+    assert render_receipt(sealed).endswith("1 data key destroyed\n  n/a\n")
+    plain = wire.ErasureReceipt(namespace="n", agent="a", keys=[], entries=0, erasedBy="alice")
+    assert "data key" not in render_receipt(plain)
+
+
 def test_a_receipt_counts_in_words_that_agree_with_the_number() -> None:
     none = wire.ErasureReceipt(namespace="n", agent="a", keys=[], entries=0, erasedBy="alice")
     assert "0 conversation keys, 0 entries removed" in render_receipt(none)

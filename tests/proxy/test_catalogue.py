@@ -19,6 +19,8 @@ from sessionmem_core.devauth import dev_token
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.keys import Owner
 from sessionmem_proxy.app import create_app
+from sessionmem_proxy.datakeys import DirectoryDataKeyStore, Keyring, new_kek
+from sessionmem_proxy.sealing import Sealer
 from sessionmem_proxy.store import ConversationStore, UsageLedger
 from sessionmem_proxy.valkey_client import connect
 from tests.support.serving import served_client
@@ -33,14 +35,19 @@ def as_user(user: str) -> dict[str, str]:
     return {api.USER_CAPABILITY_HEADER: mint_capability(KEY, user, OWNER, 600)}
 
 
-@pytest.fixture(params=["one-script", "cluster-style"])
+@pytest.fixture(params=["one-script", "cluster-style", "sealed"])
 async def client(
     request: pytest.FixtureRequest, valkey_server: ValkeyProcess, tmp_path: Path
 ) -> AsyncIterator[httpx.AsyncClient]:
+    """ "sealed": with encryption at rest (titles and labels sealed too), every answer the same."""
     (tmp_path / "key").write_bytes(KEY)
     valkey = connect(valkey_server.url, 2.0)
     ledger = UsageLedger(valkey)
-    ledger.atomic = request.param == "one-script"
+    ledger.atomic = request.param != "cluster-style"
+    sealer = None
+    if request.param == "sealed":
+        (tmp_path / "kek").write_bytes(new_kek())
+        sealer = Sealer(Keyring.load(tmp_path / "kek"), DirectoryDataKeyStore(tmp_path / "deks"))
     settings = ProxySettings.from_env(
         {
             env.VALKEY_URL: valkey_server.url,
@@ -50,7 +57,7 @@ async def client(
             env.QUOTA_BURST: "100000",
         }
     )
-    app = create_app(settings, store=ConversationStore(valkey, ledger))
+    app = create_app(settings, store=ConversationStore(valkey, ledger, sealer))
     async with contextlib.AsyncExitStack() as stack:
         served = await stack.enter_async_context(served_client(app))
         served.headers.update(AUTH)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +19,8 @@ from sessionmem_core.env import ProxySettings
 from sessionmem_core.keys import Owner, catalogue_keys, session_key, usage_keys
 from sessionmem_launcher.replay import history_from
 from sessionmem_proxy.app import create_app
+from sessionmem_proxy.datakeys import DirectoryDataKeyStore, Keyring, new_kek
+from sessionmem_proxy.sealing import Sealer
 from sessionmem_proxy.store import ConversationStore, UsageLedger
 from sessionmem_proxy.valkey_client import connect
 from tests.support.serving import served_client
@@ -33,15 +36,22 @@ SUMMARY = {
 }
 
 
-@pytest.fixture(params=["one-script", "cluster-style"])
-async def client(request: pytest.FixtureRequest, valkey_server: ValkeyProcess) -> AsyncIterator[httpx.AsyncClient]:
+@pytest.fixture(params=["one-script", "cluster-style", "sealed"])
+async def client(
+    request: pytest.FixtureRequest, valkey_server: ValkeyProcess, tmp_path: Path
+) -> AsyncIterator[httpx.AsyncClient]:
+    """ "sealed": with encryption at rest (the summaries sealed too), every answer the same."""
     valkey = connect(valkey_server.url, 2.0)
     ledger = UsageLedger(valkey)
-    ledger.atomic = request.param == "one-script"
+    ledger.atomic = request.param != "cluster-style"
+    sealer = None
+    if request.param == "sealed":
+        (tmp_path / "kek").write_bytes(new_kek())
+        sealer = Sealer(Keyring.load(tmp_path / "kek"), DirectoryDataKeyStore(tmp_path / "deks"))
     settings = ProxySettings.from_env({env.VALKEY_URL: valkey_server.url, env.AUTH_MODE: "dev"})
     async with contextlib.AsyncExitStack() as stack:
         served = await stack.enter_async_context(
-            served_client(create_app(settings, store=ConversationStore(valkey, ledger)))
+            served_client(create_app(settings, store=ConversationStore(valkey, ledger, sealer)))
         )
         served.headers.update(AUTH)
         yield served
@@ -128,4 +138,7 @@ async def test_the_summary_is_redacted_like_any_entry(client: httpx.AsyncClient,
     summary = {"role": "system", "content": "mail bob@example.com", "item": {"note": "bob@example.com"}}
     await client.post("/v1/conversations/red/compact?redact=email", json={"summary": summary, "throughVersion": 1})
     _, _, stored = _accounting(valkey_server, "red")
-    assert stored is not None and b"bob@example.com" not in stored and b"[redacted:email]" in stored
+    assert stored is not None and b"bob@example.com" not in stored
+    # What the proxy answers of it (opened, when sealed) is the redacted summary.
+    answered = (await client.get("/v1/conversations/red/entries?summary=true")).json()["summary"]
+    assert answered["content"] == "mail [redacted:email]" and answered["item"] == {"note": "[redacted:email]"}

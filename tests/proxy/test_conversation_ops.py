@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +19,8 @@ from sessionmem_core.devauth import dev_token
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.keys import Owner, session_key, usage_keys
 from sessionmem_proxy.app import create_app
+from sessionmem_proxy.datakeys import DirectoryDataKeyStore, Keyring, new_kek
+from sessionmem_proxy.sealing import Sealer
 from sessionmem_proxy.store import ConversationStore, UsageLedger
 from sessionmem_proxy.valkey_client import connect
 from tests.support.items import SHAPES
@@ -28,18 +31,25 @@ OWNER = Owner(namespace="team-a", agent="support-agent")
 AUTH = {"Authorization": f"Bearer {dev_token(OWNER.namespace, OWNER.agent)}"}
 
 
-@pytest.fixture(params=["one-script", "cluster-style"])
-async def client(request: pytest.FixtureRequest, valkey_server: ValkeyProcess) -> AsyncIterator[httpx.AsyncClient]:
+@pytest.fixture(params=["one-script", "cluster-style", "sealed"])
+async def client(
+    request: pytest.FixtureRequest, valkey_server: ValkeyProcess, tmp_path: Path
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The proxy on a real valkey-server; "sealed": with encryption at rest, every operation the same."""
     valkey = connect(valkey_server.url, 2.0)
     ledger = UsageLedger(valkey)
-    ledger.atomic = request.param == "one-script"
+    ledger.atomic = request.param != "cluster-style"
+    sealer = None
+    if request.param == "sealed":
+        (tmp_path / "kek").write_bytes(new_kek())
+        sealer = Sealer(Keyring.load(tmp_path / "kek"), DirectoryDataKeyStore(tmp_path / "deks"))
     settings = ProxySettings.from_env(
         {env.VALKEY_URL: valkey_server.url, env.AUTH_MODE: "dev", env.QUOTA_REQUESTS_PER_SECOND: "100000",
          env.QUOTA_BURST: "100000"}
     )  # fmt: skip
     async with contextlib.AsyncExitStack() as stack:
         served = await stack.enter_async_context(
-            served_client(create_app(settings, store=ConversationStore(valkey, ledger)))
+            served_client(create_app(settings, store=ConversationStore(valkey, ledger, sealer)))
         )
         served.headers.update(AUTH)
         yield served

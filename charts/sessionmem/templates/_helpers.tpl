@@ -24,6 +24,14 @@
 {{- define "sessionmem.valkey.secretName" -}}
 {{- .Values.valkey.auth.existingSecret | default (printf "%s-auth" (include "sessionmem.valkey.fullname" .)) -}}
 {{- end -}}
+{{- define "sessionmem.encryption.keyringSecret" -}}
+{{- .Values.proxy.encryption.keyringSecret | default (printf "%s-keyring" (include "sessionmem.proxy.fullname" .)) -}}
+{{- end -}}
+
+{{- define "sessionmem.encryption.dataKeyNamespace" -}}
+{{- .Values.proxy.encryption.dataKeyNamespace | default .Release.Namespace -}}
+{{- end -}}
+
 {{- define "sessionmem.capabilityKey.secretName" -}}
 {{- .Values.proxy.capabilityKey.existingSecret | default (printf "%s-capability-key" (include "sessionmem.proxy.fullname" .)) -}}
 {{- end -}}

@@ -286,6 +286,10 @@ def render_receipt(receipt: wire.ErasureReceipt) -> str:
         f"{_count(len(receipt.keys), 'conversation key')}, {_count(receipt.entries, 'entry', 'entries')} removed",
         *(f"  {key}" for key in receipt.keys),
     ]
+    destroyed = receipt.dataKeysDestroyed
+    if destroyed:
+        # Encryption at rest: what these keys sealed is unreadable in every copy (AOF, snapshots, backups).
+        lines += [f"{_count(len(destroyed), 'data key')} destroyed", *(f"  {unit}" for unit in destroyed)]
     return "\n".join(lines) + "\n"
 
 

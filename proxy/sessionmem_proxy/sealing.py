@@ -1,0 +1,274 @@
+"""Encryption at rest: the proxy seals what an entry says before it reaches Valkey and opens it on read.
+
+A stored entry keeps its id and version in clear, where the scripts find them, and seals the rest (role,
+content, author, time and whatever else the entry carries) with AES-256-GCM under its unit's data key
+(``datakeys``):
+
+    {"id":"<id>","v":<version>,"sealed":"<base64: 0x01, DEK id (8 bytes), nonce (12), ciphertext+tag>"}
+
+The associated data binds the ciphertext to the Valkey key of its conversation, the entry's id and the
+DEK id, so a sealed entry copied to another conversation (or another id) does not open: it is refused
+(``SealedEntryInvalid``), never returned. The version is not bound: the append script assigns it after the
+proxy sealed the entry, and a replace renumbers every entry. What the version orders is no secret.
+
+Opening an entry rebuilds the stored form the proxy always answered, ``{"id":..,"v":..,"role":..}``, so
+search, redaction (which runs before sealing), token budgets and summaries work on it unchanged. An entry
+stored before sealing was turned on (no ``sealed`` field) is read as it is.
+
+Erasure destroys the unit's DEK. Each replica caches unwrapped DEKs for ``cache_seconds`` (bounded in
+number): a replica that still holds an erased unit's DEK seals at most that long with it, and what it
+seals then is unreadable like everything else the DEK sealed, because the key is gone from the store. An
+entry whose DEK is not the unit's current one is such an erased entry: reads leave it out. A write after
+the erasure makes a new DEK (a new id), so nothing written afterwards depends on the destroyed one.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from sessionmem_core.errors import SealedEntryInvalid
+from sessionmem_proxy.datakeys import (
+    DEK_ID_BYTES,
+    NONCE_BYTES,
+    Closer,
+    DataKeyStore,
+    Keyring,
+    KeyWrapper,
+    key_store_from_settings,
+    new_data_key,
+)
+from sessionmem_proxy.keying import data_key_space, data_key_unit
+
+if TYPE_CHECKING:
+    from sessionmem_core.env import ProxySettings
+    from sessionmem_proxy.kubeapi import KubeAPI
+
+_FORMAT = b"\x01"
+_HEADER_BYTES = 1 + DEK_ID_BYTES
+# What the scripts stamp on a stored entry after its id and version, and read there (``store``): kept in
+# clear, in front of the sealed part, in this order.
+_CLEAR_STAMPS = rb'(?:,"rewoundAt":\d+)?(?:,"idempotencyKey":"[^"]*")?'
+# A sealed entry: its clear head (group 1, the id in group 2), then the sealed part up to the closing '"}'.
+_SEALED_HEAD = re.compile(rb'^(\{"id":"([^"]*)","v":\d+' + _CLEAR_STAMPS + rb'),"sealed":"')
+_OPENED = re.compile(rb'^(\{"id":"([^"]*)","v":\d+' + _CLEAR_STAMPS + rb"),(.*)$", re.S)
+# A reader that meets a DEK id other than the cached one asks the store again, at most this often per unit.
+_REFRESH_FLOOR_SECONDS = 1.0
+DEFAULT_CACHE_SECONDS = 30.0
+DEFAULT_CACHE_UNITS = 10_000
+
+
+@dataclass(slots=True)
+class DataKey:
+    """A unit's current DEK, unwrapped (in memory only)."""
+
+    unit: str
+    header: bytes  # format byte + DEK id
+    aead: AESGCM
+
+
+@dataclass(slots=True)
+class _Cached:
+    key: DataKey | None  # None: the unit has no DEK (never sealed anything, or erased)
+    fetched: float
+
+
+def _entry_context_prefix(conversation_key: str) -> bytes:
+    return b"sessionmem-entry\0" + conversation_key.encode() + b"\0"
+
+
+def sealed_context(conversation_key: str, entry_id: str | bytes, header: bytes) -> bytes:
+    """The associated data of a sealed entry: what it is bound to."""
+    entry = entry_id.encode() if isinstance(entry_id, str) else entry_id
+    return _entry_context_prefix(conversation_key) + entry + b"\0" + header
+
+
+def field_context(conversation_key: str, name: str, header: bytes) -> bytes:
+    """The associated data of a sealed catalogue field (a title, labels): its conversation and name."""
+    return b"sessionmem-field\0" + conversation_key.encode() + b"\0" + name.encode() + b"\0" + header
+
+
+_FIELD_PREFIX = "sealed:"
+
+
+class Sealer:
+    """Seals and opens entries, with a bounded cache of unwrapped DEKs (one per unit)."""
+
+    def __init__(
+        self,
+        wrapper: KeyWrapper,
+        store: DataKeyStore,
+        cache_seconds: float = DEFAULT_CACHE_SECONDS,
+        cache_units: int = DEFAULT_CACHE_UNITS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.wrapper = wrapper
+        self.keys = store
+        self._ttl = cache_seconds
+        self._max = cache_units
+        self._clock = clock
+        self._cache: OrderedDict[str, _Cached] = OrderedDict()
+
+    def _remember(self, unit: str, key: DataKey | None) -> DataKey | None:
+        self._cache[unit] = _Cached(key, self._clock())
+        self._cache.move_to_end(unit)
+        while len(self._cache) > self._max:
+            self._cache.popitem(last=False)
+        return key
+
+    async def _fetch(self, unit: str) -> DataKey | None:
+        record = await self.keys.load(unit)
+        if record is None:
+            return self._remember(unit, None)
+        dek = await self.wrapper.unwrap(record)
+        return self._remember(unit, DataKey(unit, _FORMAT + bytes.fromhex(record.dek_id), AESGCM(dek)))
+
+    async def _current(self, unit: str) -> DataKey | None:
+        cached = self._cache.get(unit)
+        if cached is not None and self._clock() - cached.fetched < self._ttl:
+            return cached.key
+        return await self._fetch(unit)
+
+    async def writing_key(self, conversation_key: str) -> DataKey:
+        """The DEK new entries of this conversation are sealed with; the unit's first write makes it."""
+        unit = data_key_unit(conversation_key)
+        key = await self._current(unit)
+        if key is not None:
+            return key
+        record, dek = await new_data_key(self.wrapper, unit)
+        stored = await self.keys.create(record)
+        if stored.dek_id != record.dek_id:  # another replica made the unit's key first: use theirs
+            dek = await self.wrapper.unwrap(stored)
+        made = DataKey(unit, _FORMAT + bytes.fromhex(stored.dek_id), AESGCM(dek))
+        self._remember(unit, made)
+        return made
+
+    @staticmethod
+    def seal(key: DataKey, conversation_key: str, entry_id: str, body: bytes) -> bytes:
+        """What follows the id and version of a stored entry (``,"sealed":"..."}``) for the entry whose
+        fields other than id and version are the JSON object ``body``."""
+        nonce = os.urandom(NONCE_BYTES)
+        sealed = key.aead.encrypt(nonce, body, sealed_context(conversation_key, entry_id, key.header))
+        return b',"sealed":"' + base64.b64encode(key.header + nonce + sealed) + b'"}'
+
+    @staticmethod
+    def reseal(key: DataKey, conversation_key: str, opened: bytes) -> bytes:
+        """An opened entry (as ``open`` answers it) sealed anew for ``conversation_key``: what a fork
+        stores of the entries it copies (a sealed entry is bound to its conversation and does not move)."""
+        match = _OPENED.match(opened)
+        if match is None:
+            raise SealedEntryInvalid("an entry to seal is not in the stored form")
+        return match.group(1) + Sealer.seal(key, conversation_key, match.group(2).decode(), b"{" + match.group(3))
+
+    async def open(self, conversation_key: str, raw_entries: Sequence[bytes]) -> list[bytes]:
+        """The entries as the proxy answers them, opened; entries sealed with an erased DEK left out.
+        Fail closed: an entry that does not open under its conversation and id is SealedEntryInvalid."""
+        opened: list[bytes] = []
+        key: DataKey | None = None
+        looked_up = False
+        context = _entry_context_prefix(conversation_key)  # the part every entry here shares
+        for raw in raw_entries:
+            match = _SEALED_HEAD.match(raw)
+            if match is None:
+                opened.append(raw)  # stored before sealing was turned on
+                continue
+            try:
+                if not raw.endswith(b'"}'):
+                    raise binascii.Error("unterminated")
+                blob = binascii.a2b_base64(raw[match.end() : -2], strict_mode=True)
+            except binascii.Error as exc:
+                raise SealedEntryInvalid("a sealed entry is malformed") from exc
+            header = blob[:_HEADER_BYTES]
+            if len(blob) < _HEADER_BYTES + NONCE_BYTES or header[:1] != _FORMAT:
+                raise SealedEntryInvalid("a sealed entry has an unknown format")
+            if not looked_up:
+                key, looked_up = await self._current(data_key_unit(conversation_key)), True
+            if key is None or key.header != header:
+                key = await self._refreshed(data_key_unit(conversation_key), key)
+                if key is None or key.header != header:
+                    continue  # sealed with a DEK that was destroyed: erased
+            try:
+                plain = key.aead.decrypt(
+                    blob[_HEADER_BYTES : _HEADER_BYTES + NONCE_BYTES],
+                    blob[_HEADER_BYTES + NONCE_BYTES :],
+                    context + match.group(2) + b"\0" + header,
+                )
+            except InvalidTag as exc:
+                raise SealedEntryInvalid(f"an entry of {conversation_key!r} does not open: altered or moved") from exc
+            opened.append(match.group(1) + b"," + plain[1:])
+        return opened
+
+    async def seal_field(self, conversation_key: str, name: str, text: str) -> str:
+        """A conversation's catalogue text (its title, its labels as JSON) as stored: sealed like its
+        entries, under the same data key, bound to the conversation and the field's name."""
+        key = await self.writing_key(conversation_key)
+        nonce = os.urandom(NONCE_BYTES)
+        sealed = key.aead.encrypt(nonce, text.encode(), field_context(conversation_key, name, key.header))
+        return _FIELD_PREFIX + base64.b64encode(key.header + nonce + sealed).decode()
+
+    async def open_field(self, conversation_key: str, name: str, stored: str) -> str | None:
+        """The text ``seal_field`` sealed; None when its data key was erased; text stored before sealing
+        was turned on as it is. Fail closed like ``open``."""
+        if not stored.startswith(_FIELD_PREFIX):
+            return stored
+        try:
+            blob = base64.b64decode(stored[len(_FIELD_PREFIX) :], validate=True)
+        except binascii.Error as exc:
+            raise SealedEntryInvalid("a sealed field is not base64") from exc
+        header = blob[:_HEADER_BYTES]
+        if len(blob) < _HEADER_BYTES + NONCE_BYTES or header[:1] != _FORMAT:
+            raise SealedEntryInvalid("a sealed field has an unknown format")
+        unit = data_key_unit(conversation_key)
+        key = await self._current(unit)
+        if key is None or key.header != header:
+            key = await self._refreshed(unit, key)
+            if key is None or key.header != header:
+                return None
+        nonce, body = blob[_HEADER_BYTES : _HEADER_BYTES + NONCE_BYTES], blob[_HEADER_BYTES + NONCE_BYTES :]
+        try:
+            return key.aead.decrypt(nonce, body, field_context(conversation_key, name, header)).decode()
+        except InvalidTag as exc:
+            raise SealedEntryInvalid(f"the {name} of {conversation_key!r} does not open: altered or moved") from exc
+
+    async def _refreshed(self, unit: str, key: DataKey | None) -> DataKey | None:
+        """The unit's DEK asked of the store again (another replica may have made a new one since this one
+        cached it), unless it was asked within the refresh floor."""
+        cached = self._cache.get(unit)
+        if cached is not None and self._clock() - cached.fetched < _REFRESH_FLOOR_SECONDS:
+            return key
+        return await self._fetch(unit)
+
+    async def erase(self, unit: str) -> list[str]:
+        """Destroy the DEK of ``unit`` (of every unit of an agent's or registry's space, when ``unit`` is
+        the space itself: an agent's erasure takes its users' buckets) and forget it here; answers the
+        units whose DEK was destroyed."""
+        whole_space = data_key_space(unit) == unit
+        destroyed = await self.keys.destroy(unit, whole_space)
+        space = data_key_space(unit)
+        for cached in list(self._cache):
+            if cached == unit or (whole_space and data_key_space(cached) == space):
+                del self._cache[cached]
+        return destroyed
+
+
+def sealer_from_settings(
+    settings: ProxySettings, kube: Callable[[ProxySettings], KubeAPI]
+) -> tuple[Sealer | None, Closer | None]:
+    """The proxy's sealer and what closes it, or (None, None) when sealing is off (no keyring configured).
+    The KEK keyring is read now: a bad key stops the proxy at start-up instead of failing requests."""
+    if settings.sealing_keyring is None:
+        return None, None
+    wrapper = Keyring.load(Path(settings.sealing_keyring))
+    store, closer = key_store_from_settings(settings, kube)
+    return Sealer(wrapper, store, settings.sealing_cache_seconds), closer

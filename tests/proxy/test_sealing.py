@@ -1,0 +1,214 @@
+"""Encryption at rest, the crypto on its own: sealing and opening entries, keys bound to their unit and
+conversation, KEK rotation and re-wrapping, erasure by destroying a data key (the directory store)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from pathlib import Path
+
+import orjson
+import pytest
+
+from sessionmem_core import env
+from sessionmem_core.errors import DataKeyUnavailable, SealedEntryInvalid
+from sessionmem_proxy import datakeys
+from sessionmem_proxy.datakeys import DirectoryDataKeyStore, Keyring, new_kek, rewrap
+from sessionmem_proxy.keying import data_key_unit as unit_of
+from sessionmem_proxy.keying import data_key_unit_of_space as unit_of_prefix
+from sessionmem_proxy.sealing import Sealer
+
+KEY = "mem:team/support:c1"
+OTHER = "mem:team/support:c2"
+USER_KEY = "mem:team/support:u:" + "a" * 32 + ":c1"
+SENTENCE = "My passport number is X1234567"
+
+
+def _keyring(folder: Path, *kids: str) -> Keyring:
+    folder.mkdir(exist_ok=True)
+    for kid in kids:
+        (folder / kid).write_bytes(new_kek() + b"\n")
+    return Keyring.load(folder)
+
+
+def _entry(entry_id: str, version: int, rest: bytes) -> bytes:
+    return b'{"id":"' + entry_id.encode() + b'","v":' + str(version).encode() + rest
+
+
+def _body(content: str) -> bytes:
+    return orjson.dumps({"role": "user", "content": content, "author": "team/support", "ts": 1})
+
+
+async def _sealed(sealer: Sealer, key: str, entry_id: str, content: str, version: int = 1) -> bytes:
+    dek = await sealer.writing_key(key)
+    return _entry(entry_id, version, Sealer.seal(dek, key, entry_id, _body(content)))
+
+
+def test_units_follow_the_key_layouts() -> None:
+    assert unit_of(KEY) == "team/support"
+    assert unit_of(USER_KEY) == "team/support:u:" + "a" * 32
+    assert unit_of("mem:shared:ops:c9") == "shared:ops"
+    assert unit_of_prefix("mem:team/support:") == "team/support"
+    assert unit_of_prefix("mem:shared:ops:") == "shared:ops"
+
+
+def test_a_sealed_entry_hides_its_text_and_opens_to_the_stored_form(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        sealer = Sealer(_keyring(tmp_path / "kek", "2026-12"), DirectoryDataKeyStore(tmp_path / "deks"))
+        raw = await _sealed(sealer, KEY, "m1", SENTENCE, version=7)
+        assert SENTENCE.encode() not in raw and b"passport" not in raw
+        assert raw.startswith(b'{"id":"m1","v":7,"sealed":"')
+        opened = await sealer.open(KEY, [raw])
+        assert opened == [_entry("m1", 7, b"," + _body(SENTENCE)[1:])]
+        assert orjson.loads(opened[0])["content"] == SENTENCE
+        # Two seals of the same text differ (a fresh nonce each).
+        assert await _sealed(sealer, KEY, "m1", SENTENCE, version=7) != raw
+        # An entry stored before sealing was turned on reads as it is.
+        legacy = _entry("m0", 1, b"," + _body("plain")[1:])
+        assert await sealer.open(KEY, [legacy]) == [legacy]
+
+    asyncio.run(scenario())
+
+
+def test_moved_or_altered_ciphertext_is_refused(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        sealer = Sealer(_keyring(tmp_path / "kek", "k1"), DirectoryDataKeyStore(tmp_path / "deks"))
+        raw = await _sealed(sealer, KEY, "m1", SENTENCE)
+        await sealer.writing_key(OTHER)  # same unit, another conversation
+        with pytest.raises(SealedEntryInvalid):
+            await sealer.open(OTHER, [raw])  # copied to another conversation of the same agent
+        with pytest.raises(SealedEntryInvalid):
+            await sealer.open(KEY, [raw.replace(b'"id":"m1"', b'"id":"m2"')])  # another id
+        blob = bytearray(base64.b64decode(raw.split(b'"sealed":"')[1][:-2]))
+        blob[-1] ^= 1
+        flipped = raw.split(b'"sealed":"')[0] + b'"sealed":"' + base64.b64encode(bytes(blob)) + b'"}'
+        with pytest.raises(SealedEntryInvalid):
+            await sealer.open(KEY, [flipped])
+        with pytest.raises(SealedEntryInvalid):
+            await sealer.open(KEY, [raw.replace(b'"sealed":"', b'"sealed":"!!')])
+
+    asyncio.run(scenario())
+
+
+def test_units_have_their_own_keys(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = DirectoryDataKeyStore(tmp_path / "deks")
+        sealer = Sealer(_keyring(tmp_path / "kek", "k1"), store)
+        agent, user = await sealer.writing_key(KEY), await sealer.writing_key(USER_KEY)
+        assert agent.header != user.header
+        # Copied into a user's bucket (another unit), an agent's entry is not the bucket's: it never opens.
+        raw = await _sealed(sealer, KEY, "m1", SENTENCE)
+        moved_key = USER_KEY[: USER_KEY.rindex(":") + 1] + "c1"
+        assert await sealer.open(moved_key, [raw]) == []
+        assert sorted(r.unit for r in await store.records()) == sorted([unit_of(KEY), unit_of(USER_KEY)])
+
+    asyncio.run(scenario())
+
+
+def test_erasure_destroys_the_key_and_a_later_write_makes_a_new_one(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = DirectoryDataKeyStore(tmp_path / "deks")
+        keyring = _keyring(tmp_path / "kek", "k1")
+        sealer, replica = Sealer(keyring, store), Sealer(keyring, store)
+        raw = await _sealed(sealer, USER_KEY, "m1", SENTENCE)
+        agent_raw = await _sealed(sealer, KEY, "m1", "the agent's own")
+        assert await replica.open(USER_KEY, [raw]) != []
+        assert await sealer.erase(unit_of(USER_KEY)) == [unit_of(USER_KEY)]
+        assert await sealer.open(USER_KEY, [raw]) == []  # erased: left out
+        assert await sealer.open(KEY, [agent_raw]) != []  # the agent's own unit is untouched
+        fresh = await _sealed(sealer, USER_KEY, "m2", "after the erasure")
+        assert await sealer.open(USER_KEY, [raw, fresh]) == await sealer.open(USER_KEY, [fresh])
+        # The replica cached the old key; it meets a new DEK id and asks the store again.
+        replica_clock = [100.0]
+        late = Sealer(keyring, store, clock=lambda: replica_clock[0])
+        assert len(await late.open(USER_KEY, [fresh])) == 1
+        # Erasing the agent takes its users' buckets with it.
+        assert await sealer.erase(unit_of(KEY)) == sorted([unit_of(KEY), unit_of(USER_KEY)])
+        assert await store.records() == []
+        assert await Sealer(keyring, store).open(KEY, [agent_raw]) == []
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_seals_with_an_erased_key_at_most_its_cache_time(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = DirectoryDataKeyStore(tmp_path / "deks")
+        keyring = _keyring(tmp_path / "kek", "k1")
+        now = [0.0]
+        replica = Sealer(keyring, store, cache_seconds=30.0, clock=lambda: now[0])
+        before = await replica.writing_key(KEY)
+        await Sealer(keyring, store).erase(unit_of(KEY))
+        now[0] = 29.0
+        assert (await replica.writing_key(KEY)).header == before.header  # still cached
+        now[0] = 31.0
+        assert (await replica.writing_key(KEY)).header != before.header  # a new DEK after the erasure
+
+    asyncio.run(scenario())
+
+
+def test_rotation_adds_a_kek_and_rewrap_retires_the_old_one(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = DirectoryDataKeyStore(tmp_path / "deks")
+        folder = tmp_path / "kek"
+        old = _keyring(folder, "2026-11")
+        raw = await _sealed(Sealer(old, store), KEY, "m1", SENTENCE)
+        rotated = _keyring(folder, "2026-12")
+        assert rotated.newest_kid == "2026-12"
+        # Old data still reads; a new unit's key is wrapped with the newest KEK.
+        assert len(await Sealer(rotated, store).open(KEY, [raw])) == 1
+        await Sealer(rotated, store).writing_key("mem:shared:ops:c1")
+        kids = {r.unit: r.kid for r in await store.records()}
+        assert kids == {"team/support": "2026-11", "shared:ops": "2026-12"}
+        assert await rewrap(rotated, store) == (1, 1)
+        assert {r.kid for r in await store.records()} == {"2026-12"}
+        (folder / "2026-11").unlink()
+        assert len(await Sealer(Keyring.load(folder), store).open(KEY, [raw])) == 1
+        # A KEK removed before the re-wrap is a typed 503, never a new key.
+        _keyring(tmp_path / "other", "2027-01")
+        with pytest.raises(DataKeyUnavailable):
+            await Sealer(Keyring.load(tmp_path / "other"), store).open(KEY, [raw])
+
+    asyncio.run(scenario())
+
+
+def test_a_wrapped_key_moved_to_another_unit_is_refused(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = DirectoryDataKeyStore(tmp_path / "deks")
+        keyring = _keyring(tmp_path / "kek", "k1")
+        sealer = Sealer(keyring, store)
+        await sealer.writing_key(KEY)
+        record = (await store.records())[0]
+        moved = type(record)("shared:ops", record.dek_id, record.kid, record.wrapped, record.created)
+        await store.create(moved)
+        with pytest.raises(SealedEntryInvalid):
+            await Sealer(keyring, store).writing_key("mem:shared:ops:c1")
+
+    asyncio.run(scenario())
+
+
+def test_a_keyring_refuses_bad_keys(tmp_path: Path) -> None:
+    (tmp_path / "short").write_text("abcd")
+    with pytest.raises(ValueError, match="32 bytes"):
+        Keyring.load(tmp_path)
+    (tmp_path / "short").write_text("not hex at all" * 5)
+    with pytest.raises(ValueError, match="not hex"):
+        Keyring.load(tmp_path)
+
+
+def test_the_rewrap_command_uses_the_proxys_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "kek"
+    store = DirectoryDataKeyStore(tmp_path / "deks")
+    asyncio.run(Sealer(_keyring(folder, "2026-11"), store).writing_key(KEY))
+    assert datakeys.main(["new-key"]) == 0
+    (folder / "2026-12").write_text(capsys.readouterr().out)
+    monkeypatch.setenv(env.SEALING_KEYRING, str(folder))
+    monkeypatch.setenv(env.SEALING_KEY_STORE, "directory")
+    monkeypatch.setenv(env.SEALING_KEY_DIR, str(tmp_path / "deks"))
+    assert datakeys.main(["rewrap"]) == 0
+    assert "re-wrapped 1 data keys; 0 already under the newest key" in capsys.readouterr().out
+    assert [r.kid for r in asyncio.run(store.records())] == ["2026-12"]
+    monkeypatch.delenv(env.SEALING_KEYRING)
+    with pytest.raises(SystemExit):
+        datakeys.main(["rewrap"])
