@@ -163,10 +163,14 @@ class Operator:
         assert [e["name"] for e in from_pod] == [env.OPERATOR_NAMESPACE], from_pod
         self.variables[env.OPERATOR_NAMESPACE] = release.namespace
 
-        # Its config file is the chart's ConfigMap; only the liveness port moves to a free one.
+        # Its config file is the chart's ConfigMap; only the liveness port moves to a free one, and the
+        # proxy's health is not probed: its Service's name resolves only inside a cluster (the probe, with
+        # the chart's period, is tests/operator/test_memory_health.py's, against a real proxy).
         config_path = Path(self.variables[env.OPERATOR_CONFIG_FILE])
         config_map = find(release.docs, "ConfigMap", release.operator)
         config = yaml.safe_load(config_map["data"][config_path.name])
+        assert config["memoryHealthSeconds"] == 10
+        config["memoryHealthSeconds"] = 0
         self.health_port = free_port()
         config["livenessEndpoint"] = re.sub(r":\d+/", f":{self.health_port}/", config["livenessEndpoint"])
         local_config = workdir / config_path.name
