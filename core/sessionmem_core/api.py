@@ -205,7 +205,8 @@ _IF_MATCH = Parameter(
 _CATALOGUE_CURSOR = Parameter(
     "cursor",
     "query",
-    {"type": "string", "minLength": 1, "maxLength": 30, "pattern": "^[0-9]{1,20}(-[0-9]{1,9})?$", "default": "0"},
+    # A score is a write time in Unix ms: 16 digits hold every one Valkey keeps exactly (below 2**53).
+    {"type": "string", "minLength": 1, "maxLength": 26, "pattern": "^[0-9]{1,16}(-[0-9]{1,9})?$", "default": "0"},
     "Where the page starts (the nextCursor of the page before; 0: the newest)",
 )
 

@@ -96,7 +96,7 @@ def test_undeclared_method_is_405_with_allow(proxy: httpx.Client) -> None:
         ("GET", "/v1/conversations/a%3Ab/entries", None),
         ("GET", "/v1/conversations/a%0Ab/entries", None),
         ("GET", "/v1/conversations/" + "x" * 129 + "/entries", None),
-        ("POST", "/v1/conversations/ok/entries", b'{"entries": [{"role": "root", "content": "x"}]}'),
+        ("POST", "/v1/conversations/ok/entries", b'{"entries": [{"role": "no such role!", "content": "x"}]}'),
         ("POST", "/v1/conversations/ok/entries", b'{"entries": []}'),
         ("POST", "/v1/conversations/ok/entries", b"{not json"),
         ("POST", "/v1/conversations/ok/entries", b'{"entries": [{"role": "user", "content": "x", "id": "a:b"}]}'),
