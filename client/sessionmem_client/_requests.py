@@ -19,6 +19,7 @@ from sessionmem_core import api, env, wire
 from sessionmem_core.env import ConfigError
 from sessionmem_core.errors import BackendUnavailable, InvalidRequest, SessionMemError, from_wire
 from sessionmem_core.ids import new_message_id, validate_conversation_id
+from sessionmem_infra.http_client import IDEMPOTENT_METHODS
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -32,6 +33,7 @@ CURSOR_PARAM = "cursor"
 QUERY_PARAM = "q"
 SUMMARY_PARAM = "summary"
 IF_MATCH_HEADER = "if-match"
+IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 JSON_CONTENT_TYPE = "application/json"
 
 
@@ -123,8 +125,14 @@ class Request(Generic[M]):
     if_match: str | None = None
     traceparent: str | None = None
     # Whether it may be sent again when a pooled connection turns out closed (None: as the method says):
-    # an append is when every entry carries its id, which the store keeps once.
+    # an append is when it carries an idempotency key, or every entry carries its id (old rule).
     idempotent: bool | None = None
+    idempotency_key: str | None = None
+
+    @property
+    def retry_safe(self) -> bool:
+        """Whether sending it twice has the effect of sending it once."""
+        return self.method in IDEMPOTENT_METHODS if self.idempotent is None else self.idempotent
 
 
 class Requests:
@@ -156,16 +164,23 @@ class Requests:
         )
 
     @staticmethod
-    def append_batch(conversation_id: str, entries: list[EntryFields]) -> Request[wire.AppendResponse]:
+    def append_batch(
+        conversation_id: str, entries: list[EntryFields], idempotency_key: str | None = None
+    ) -> Request[wire.AppendResponse]:
         """:meth:`append` for the framework adapters, whose turn it is on: their entries are checked by the
         server, not here (the adapters make the role and the text themselves; the size limits are the
         server's to enforce), so a refused entry comes back as the server's typed error and nothing of its
         batch is stored. Made in place, ``EntryIn`` models and the request model around them cost a share
         of a sequential agent's turn many times what they cost in a loop (docs/benchmarks.md)."""
         path = api.entries_path(_segment(conversation_id))
-        identified = all(entry.get("id") for entry in entries)
+        identified = idempotency_key is not None or all(entry.get("id") for entry in entries)
         return Request(
-            "POST", path, wire.AppendResponse, body=orjson.dumps({"entries": entries}), idempotent=identified
+            "POST",
+            path,
+            wire.AppendResponse,
+            body=orjson.dumps({"entries": entries}),
+            idempotent=identified,
+            idempotency_key=idempotency_key,
         )
 
     @staticmethod
@@ -265,7 +280,10 @@ class CallOptions:
         return traceparent or None
 
     def headers(self, request: Request[Any]) -> dict[str, str]:
-        return self.header_fields(request.body is not None, request.if_match, self.traceparent_of(request))
+        headers = self.header_fields(request.body is not None, request.if_match, self.traceparent_of(request))
+        if request.idempotency_key is not None:
+            headers[IDEMPOTENCY_KEY_HEADER] = request.idempotency_key
+        return headers
 
     def header_fields(self, has_body: bool, if_match: str | None, traceparent: str | None) -> dict[str, str]:
         headers = {"accept": JSON_CONTENT_TYPE}
@@ -288,10 +306,40 @@ def unreachable(options: CallOptions, request: Request[Any], exc: Exception) -> 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """An answer as the transports hand it over: status and body are all the contract needs."""
+    """An answer as the transports hand it over: status and body are all the contract needs, and
+    ``Retry-After`` when the server asked the caller to come back later."""
 
     status: int
     body: bytes
+    retry_after: str | None = None
+
+
+DEFAULT_RETRIES = 4
+# The longest single wait between attempts, whatever Retry-After says: a client bounds its own latency.
+MAX_RETRY_WAIT_SECONDS = 10.0
+_FIRST_BACKOFF_SECONDS = 0.1
+_RETRIED_STATUSES = frozenset({429, 503})
+_NOT_PROCESSED = b'"overloaded"'  # a 503 of a worker that refused the request before doing anything
+
+
+def retry_delay(request: Request[Any], reply: Reply, retries_done: int, retries: int) -> float | None:
+    """Seconds to wait before sending ``request`` again, or None to answer with ``reply``.
+
+    A 429 (rate limited: nothing was done) is retried; a 503 is retried when the request may be sent twice
+    (an idempotent method, an append with an idempotency key or identified entries) or when the server
+    says it refused the request unprocessed. The wait is the answer's ``Retry-After`` (seconds), else a
+    doubling backoff, capped at ``MAX_RETRY_WAIT_SECONDS``; after ``retries`` retries the answer stands
+    (the caller raises its typed error: ``RateLimited``, ``Overloaded``, ``BackendUnavailable``)."""
+    status = reply.status
+    if status not in _RETRIED_STATUSES or retries_done >= retries:
+        return None
+    if status == 503 and not request.retry_safe and _NOT_PROCESSED not in reply.body:
+        return None
+    wait: float = _FIRST_BACKOFF_SECONDS * (2**retries_done)
+    retry_after = reply.retry_after
+    if retry_after is not None and retry_after.strip().isdigit():  # an HTTP date: the backoff instead
+        wait = float(retry_after.strip())
+    return min(wait, MAX_RETRY_WAIT_SECONDS)
 
 
 def decode(request: Request[M], reply: Reply) -> M:

@@ -9,18 +9,22 @@ error the server raised (``VersionConflict`` for a stale ``If-Match``, ``Invalid
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic, Self, TypeVar
 
 from sessionmem_client._requests import (
+    DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_SECONDS,
     CallOptions,
     EntryFields,
     EntryLike,
     M,
+    Reply,
     Request,
     Requests,
     WindowEntry,
@@ -29,6 +33,7 @@ from sessionmem_client._requests import (
     decode_window,
     default_base_url,
     exchange_entries,
+    retry_delay,
     window_read,
 )
 from sessionmem_client._transport import AsyncTransport, SyncTransport, async_transport, sync_transport
@@ -47,8 +52,16 @@ class _Client(Generic[_Transport]):
     """What the sync and the async client share: the options every call carries, and the transport."""
 
     def __init__(
-        self, base_url: str | None, turn: str | None, traceparent: str | None, propagate_trace_context: bool
+        self,
+        base_url: str | None,
+        turn: str | None,
+        traceparent: str | None,
+        propagate_trace_context: bool,
+        retries: int,
     ) -> None:
+        if retries < 0:
+            raise ValueError(f"retries must be 0 or more (got {retries})")
+        self._retries = retries
         self._options = CallOptions(
             base_url=base_url or default_base_url(),
             turn=turn,
@@ -98,22 +111,38 @@ class MemoryClient(_Client[SyncTransport]):
         propagate_trace_context: bool = True,
         transport: httpx.BaseTransport | None = None,
         http_client: httpx.Client | None = None,
+        retries: int = DEFAULT_RETRIES,
     ) -> None:
-        super().__init__(base_url, turn, traceparent, propagate_trace_context)
+        super().__init__(base_url, turn, traceparent, propagate_trace_context, retries)
         self._http = sync_transport(self._options.base_url, timeout, transport, http_client)
 
+    def _call(self, request: Request[M]) -> Reply:
+        """The answer to ``request``, sent again after a 429/503 as :func:`retry_delay` says."""
+        reply = self._http.send(self._options, request)
+        done = 0
+        while reply.status >= 429:
+            delay = retry_delay(request, reply, done, self._retries)
+            if delay is None:
+                break
+            time.sleep(delay)
+            done += 1
+            reply = self._http.send(self._options, request)
+        return reply
+
     def _send(self, request: Request[M]) -> M:
-        return decode(request, self._http.send(self._options, request))
+        return decode(request, self._call(request))
 
     def _read_window(self, conversation_id: str, limit: int, summary: bool) -> list[WindowEntry]:
         """:meth:`read` for the framework adapters: the entries without the History model around them."""
         request = window_read(conversation_id, limit, summary)
-        return decode_window(request, self._http.send(self._options, request))
+        return decode_window(request, self._call(request))
 
-    def _append_batch(self, conversation_id: str, entries: list[EntryFields]) -> None:
+    def _append_batch(
+        self, conversation_id: str, entries: list[EntryFields], idempotency_key: str | None = None
+    ) -> None:
         """:meth:`append` for the framework adapters: one batch, checked by the server, nothing returned."""
-        request = Requests.append_batch(conversation_id, entries)
-        check_stored(request, self._http.send(self._options, request))
+        request = Requests.append_batch(conversation_id, entries, idempotency_key)
+        check_stored(request, self._call(request))
 
     # --- one conversation ---
 
@@ -218,7 +247,9 @@ class MemoryClient(_Client[SyncTransport]):
 
 class AsyncMemoryClient(_Client[AsyncTransport]):
     """Asynchronous client; the same methods as :class:`MemoryClient`, awaited. ``timeout`` here bounds
-    each whole call (connect, send, answer). Connections belong to the event loop that opened them."""
+    each attempt of a call (connect, send, answer) whatever the connection's past. Connections belong to the
+    event loop that opened them; used from another loop (``asyncio.run`` again, ``Runner.run_sync``), the
+    client opens new ones there, so one client serves any loop."""
 
     def __init__(
         self,
@@ -230,20 +261,35 @@ class AsyncMemoryClient(_Client[AsyncTransport]):
         propagate_trace_context: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
         http_client: httpx.AsyncClient | None = None,
+        retries: int = DEFAULT_RETRIES,
     ) -> None:
-        super().__init__(base_url, turn, traceparent, propagate_trace_context)
+        super().__init__(base_url, turn, traceparent, propagate_trace_context, retries)
         self._http = async_transport(self._options.base_url, timeout, transport, http_client)
 
+    async def _call(self, request: Request[M]) -> Reply:
+        reply = await self._http.send(self._options, request)
+        done = 0
+        while reply.status >= 429:
+            delay = retry_delay(request, reply, done, self._retries)
+            if delay is None:
+                break
+            await asyncio.sleep(delay)
+            done += 1
+            reply = await self._http.send(self._options, request)
+        return reply
+
     async def _send(self, request: Request[M]) -> M:
-        return decode(request, await self._http.send(self._options, request))
+        return decode(request, await self._call(request))
 
     async def _read_window(self, conversation_id: str, limit: int, summary: bool) -> list[WindowEntry]:
         request = window_read(conversation_id, limit, summary)
-        return decode_window(request, await self._http.send(self._options, request))
+        return decode_window(request, await self._call(request))
 
-    async def _append_batch(self, conversation_id: str, entries: list[EntryFields]) -> None:
-        request = Requests.append_batch(conversation_id, entries)
-        check_stored(request, await self._http.send(self._options, request))
+    async def _append_batch(
+        self, conversation_id: str, entries: list[EntryFields], idempotency_key: str | None = None
+    ) -> None:
+        request = Requests.append_batch(conversation_id, entries, idempotency_key)
+        check_stored(request, await self._call(request))
 
     async def read(
         self,
