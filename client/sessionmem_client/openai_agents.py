@@ -109,7 +109,7 @@ def _stored_as(item: object) -> tuple[wire.Role, str] | None:
 
 
 def entry_to_item(entry: wire.Entry) -> TResponseInputItem:
-    item: EasyInputMessageParam = {"role": _ITEM_ROLES[entry.role], "content": entry.content}
+    item: EasyInputMessageParam = {"role": _ITEM_ROLES[wire.Role(entry.role)], "content": entry.content}
     return item
 
 

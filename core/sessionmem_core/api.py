@@ -48,6 +48,11 @@ USER_CAPABILITY_HEADER = "x-sessionmem-user-capability"
 # agent sends back on its memory calls during that turn.
 TURN_HEADER = "x-sessionmem-turn"
 TRACEPARENT_HEADER = "traceparent"
+# An append's idempotency key: a retry with the same key on the same conversation is answered as its
+# original was, whatever the entries' ids.
+IDEMPOTENCY_KEY_HEADER = "idempotency-key"
+# A conditional write's expected version (a read's ``version``); '*' or absent: any.
+IF_MATCH_HEADER = "if-match"
 # Headers an agent might set to claim an identity; the launcher drops all of them before forwarding.
 IDENTITY_HEADERS = frozenset(
     {
@@ -164,6 +169,8 @@ class MemoryOperation:
     response: str | None
     request: str | None = None
     params: tuple[Parameter, ...] = ()
+    # Stores (admitted against the storage quota, and sent the pod's write parameters: cap, TTL, redactors).
+    writes: bool = False
 
     @property
     def on_conversation(self) -> bool:
@@ -178,6 +185,12 @@ CONVERSATION_ID = Parameter(
     {"type": "string", "minLength": 1, "maxLength": 128},
     "Conversation id (sessionmem_core.ids): percent-encoded UTF-8; NFC and NFD forms are two ids",
     required=True,
+)
+_IF_MATCH = Parameter(
+    IF_MATCH_HEADER,
+    "header",
+    {"type": "string"},
+    "Expected version (as returned by a read); '*' or absent: any. A mismatch is a 412 version_conflict",
 )
 _PAGE_CURSOR = Parameter(
     "cursor",
@@ -220,6 +233,16 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "Append a batch (normally one user/assistant exchange) atomically",
         "AppendResponse",
         "AppendRequest",
+        writes=True,
+        params=(
+            Parameter(
+                IDEMPOTENCY_KEY_HEADER,
+                "header",
+                {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9._:-]+$"},
+                "A retry with the same key (inside the retry window) is answered as its original was: "
+                "duplicate, nothing stored, whatever the ids; entry ids may then repeat",
+            ),
+        ),
     ),
     MemoryOperation(
         "search",
@@ -252,13 +275,43 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "Replace (seed) a conversation, conditional on its version",
         "ReplaceResponse",
         "ReplaceRequest",
-        params=(
-            Parameter(
-                "if-match", "header", {"type": "string"}, "Expected version (as returned by a read); '*' or absent: any"
-            ),
-        ),
+        writes=True,
+        params=(_IF_MATCH,),
     ),
-    MemoryOperation("delete", "DELETE", CONVERSATION_PATH_TEMPLATE, "Erase a conversation", "DeleteResponse"),
+    MemoryOperation(
+        "delete",
+        "DELETE",
+        CONVERSATION_PATH_TEMPLATE,
+        "Erase a conversation, conditional on its version",
+        "DeleteResponse",
+        params=(_IF_MATCH,),
+    ),
+    MemoryOperation(
+        "pop",
+        "POST",
+        f"{CONVERSATION_PATH_TEMPLATE}/pop",
+        "Remove the newest entry atomically, conditional on the version; the version moves on (a write)",
+        "PopResponse",
+        params=(_IF_MATCH,),
+    ),
+    MemoryOperation(
+        "rewind",
+        "POST",
+        f"{CONVERSATION_PATH_TEMPLATE}/rewind",
+        "Drop the entries written after a version, conditional on the version; the version moves on (a write)",
+        "RewindResponse",
+        "RewindRequest",
+        params=(_IF_MATCH,),
+    ),
+    MemoryOperation(
+        "fork",
+        "POST",
+        f"{CONVERSATION_PATH_TEMPLATE}/fork",
+        "Copy the entries written at or before a version into a new conversation of the same scope and bucket",
+        "ForkResponse",
+        "ForkRequest",
+        writes=True,
+    ),
     MemoryOperation(
         "list",
         "GET",

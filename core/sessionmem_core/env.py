@@ -28,6 +28,8 @@ MAX_TTL_SECONDS = 30 * 24 * 3600
 MAX_BODY_BYTES = 1024 * 1024
 MAX_ENTRIES_PER_APPEND = 64
 MAX_CONTENT_CHARS = 256 * 1024
+# One stored entry (its text, its item and the proxy's fields, as JSON): past it, a typed 413.
+MAX_ENTRY_BYTES = 512 * 1024
 
 # --- pod (launcher) side, written by the operator ---
 PROXY_URL = "SESSIONMEM_PROXY_URL"

@@ -83,6 +83,13 @@ class VersionConflict(SessionMemError):
     status = 412
 
 
+class ConversationExists(SessionMemError):
+    """A write that creates a conversation (a fork) found one under that id already."""
+
+    error_type = "conversation_exists"
+    status = 409
+
+
 class PayloadTooLarge(SessionMemError):
     error_type = "payload_too_large"
     status = 413

@@ -8,7 +8,7 @@ either; only the launcher is reachable from the agent's pod, on 127.0.0.1.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -17,9 +17,18 @@ from sessionmem_core.ids import validate_message_id
 
 
 class Role(StrEnum):
+    """The roles of a clean exchange (what the managed loop writes and replays). An entry's role is an
+    open string (``EntryRole``): these, or ``developer``, ``tool`` or a framework's item type."""
+
     USER = "user"
     ASSISTANT = "assistant"
     SYSTEM = "system"
+
+
+# An entry's role: a chat role or a framework's item type (``function_call``) for items with no role.
+EntryRole = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z][A-Za-z0-9_.:-]*$")]
+# The caller's idempotency key of one append (the ``Idempotency-Key`` header; ``api.IDEMPOTENCY_KEY``).
+IdempotencyKey = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
 
 
 MessageId = Annotated[str, AfterValidator(validate_message_id)]
@@ -36,12 +45,23 @@ class _Request(BaseModel):
 
 
 class EntryIn(_Request):
-    """One message to store. Its author is stamped by the proxy from the caller's identity."""
+    """One entry to store: its text (``content``, what search, token budgets and summaries use) and,
+    optionally, the framework's item as given (``item``), stored and answered unchanged. Its author is
+    stamped by the proxy from the caller's identity."""
 
-    role: Role
-    content: str = Field(max_length=env.MAX_CONTENT_CHARS)
+    role: EntryRole
+    content: str = Field(
+        max_length=env.MAX_CONTENT_CHARS, description="The entry's text, extracted once by the writer; may be ''."
+    )
     id: MessageId | None = Field(
-        default=None, description="Client message id; an append retried with the same ids is stored once."
+        default=None,
+        description="Client message id, kept as given (it may repeat). Without an Idempotency-Key header, an "
+        "append retried with the same ids is stored once.",
+    )
+    item: dict[str, Any] | None = Field(
+        default=None,
+        description="The framework's item as given (any JSON object): stored and returned unchanged, key order "
+        f"kept. With content, at most {env.MAX_ENTRY_BYTES} bytes stored per entry.",
     )
 
 
@@ -65,10 +85,21 @@ class AppendResponse(_Model):
 class Entry(_Model):
     id: str
     v: int = Field(description="The conversation version this entry was written at.")
-    role: Role
+    idempotency_key: str | None = Field(
+        default=None,
+        alias="idempotencyKey",
+        description="On the first entry of an append sent with an Idempotency-Key: that key.",
+    )
+    rewound_at: int | None = Field(
+        default=None,
+        alias="rewoundAt",
+        description="On the newest entry after a pop or rewind: the version that write gave the conversation.",
+    )
+    role: str
     content: str
     author: str = Field(description="namespace/agent of the authenticated writer, stamped server-side.")
     ts: int = Field(description="Unix time in milliseconds, set by the server.")
+    item: dict[str, Any] | None = Field(default=None, description="The item as the writer gave it, if one was.")
 
 
 class History(_Model):
@@ -191,6 +222,38 @@ class ReplaceResponse(_Model):
 class DeleteResponse(_Model):
     deleted: bool
     entries: int = Field(description="How many entries were removed.")
+    scope: str
+
+
+class PopResponse(_Model):
+    entry: Entry | None = Field(description="The entry removed; None when the conversation held none.")
+    version: int = Field(description="The version after the pop (it moves on; 0 once nothing is left).")
+    length: int
+    scope: str
+
+
+class RewindRequest(_Request):
+    to_version: int = Field(alias="toVersion", ge=0, description="Keep the entries written at or before it.")
+
+
+class RewindResponse(_Model):
+    version: int = Field(description="The version after the rewind (it moves on; 0 once nothing is left).")
+    removed: int
+    length: int
+    scope: str
+
+
+class ForkRequest(_Request):
+    conversation_id: str = Field(alias="conversationId", min_length=1, max_length=128, description="The new id.")
+    at_version: int | None = Field(
+        default=None, alias="atVersion", ge=0, description="Copy the entries written at or before it; None: all."
+    )
+
+
+class ForkResponse(_Model):
+    conversation_id: str = Field(alias="conversationId")
+    version: int = Field(description="The new conversation's version: that of its newest entry.")
+    entries: int = Field(description="Entries copied.")
     scope: str
 
 

@@ -31,9 +31,13 @@ from sessionmem_infra.telemetry import MemoryTracer, inject_traceparent
 
 # Query parameters set from the pod's configuration on every call; an agent's values for them are dropped.
 POD_PARAMS = frozenset({api.SCOPE_PARAM, api.CAP_PARAM, api.TTL_PARAM, api.REDACT_PARAM})
-# Operations that write, and so carry the write parameters (cap, TTL, redactors) besides the scope.
-_WRITES = frozenset({"append", "replace"})
+# Operations that store, and so carry the write parameters (cap, TTL, redactors) besides the scope; and
+# those that take a body.
+_WRITES = frozenset(operation.op for operation in api.MEMORY_OPERATIONS if operation.writes)
+_BODIED = frozenset(operation.op for operation in api.MEMORY_OPERATIONS if operation.request is not None)
 _SCOPE = api.SCOPE_HEADER.encode()
+_IF_MATCH = api.IF_MATCH_HEADER.encode()
+_IDEMPOTENCY_KEY = api.IDEMPOTENCY_KEY_HEADER.encode()
 # How often an export starts over when the conversation changed between its pages.
 _EXPORT_ATTEMPTS = 3
 
@@ -48,6 +52,7 @@ class CallerHeaders:
     traceparent: str | None = None
     tracestate: str | None = None
     if_match: str | None = None
+    idempotency_key: str | None = None
 
     @classmethod
     def of(cls, get: _HeaderGetter, capability: str | None) -> CallerHeaders:
@@ -55,7 +60,8 @@ class CallerHeaders:
             capability=capability,
             traceparent=get(api.TRACEPARENT_HEADER),
             tracestate=get("tracestate"),
-            if_match=get("if-match"),
+            if_match=get(api.IF_MATCH_HEADER),
+            idempotency_key=get(api.IDEMPOTENCY_KEY_HEADER),
         )
 
 
@@ -207,7 +213,7 @@ class Forwarder:
         method, target = api.memory_target(op, conversation)
         try:
             with self.tracer.span(op, conversation or "", caller.traceparent, caller.tracestate) as span:
-                if op in _WRITES and not body:
+                if op in _BODIED and not body:
                     raise InvalidRequest("request body is required")
                 if self._settings.per_user and caller.capability is None:
                     # Without the user's capability this agent's memory would mix users: refuse, never fall back.
@@ -292,7 +298,9 @@ class Forwarder:
         if caller.capability is not None:
             headers.append((api.USER_CAPABILITY_HEADER.encode(), caller.capability.encode("latin-1")))
         if caller.if_match is not None:
-            headers.append((b"if-match", caller.if_match.encode("latin-1")))
+            headers.append((_IF_MATCH, caller.if_match.encode("latin-1")))
+        if caller.idempotency_key is not None:
+            headers.append((_IDEMPOTENCY_KEY, caller.idempotency_key.encode("latin-1")))
         try:
             # The transport bounds the call (SESSIONMEM_PROXY_CONNECT_TIMEOUT_SECONDS, ..._PROXY_TIMEOUT_SECONDS).
             response = await self._http.request(method, target, headers, body, idempotent)

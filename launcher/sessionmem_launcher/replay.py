@@ -13,6 +13,10 @@ SUMMARY_PREFIX = "Relevant memory: "
 _MESSAGE_OVERHEAD = 4
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
+# The roles the managed loop replays to its agent: a clean exchange's (``wire.Role``). Entries a
+# framework session wrote into the same conversation with any other role (tool calls and their outputs,
+# reasoning, developer messages, ...) are not replayed: the agent behind the loop expects chat text.
+REPLAYED_ROLES = frozenset({"user", "assistant", "system"})
 TokenCounter = Callable[[str], int]
 Message = dict[str, Any]
 
@@ -72,10 +76,15 @@ def within_budget(
 
 
 def history_from(body: dict[str, Any]) -> tuple[Message | None, list[Message]]:
-    """(summary as a system message, window of ``{"role", "content", "author"}``) from a read response."""
+    """(summary as a system message, window of ``{"role", "content", "author"}``) from a read response:
+    its entries of the ``REPLAYED_ROLES`` with text, as text (an entry's ``item`` is not replayed)."""
     # Every entry keeps its author (system ones included): in a shared conversation a member must know
     # which agent said what, and an instruction another member wrote must not pass for the agent's own.
-    window = [{"role": e["role"], "content": e["content"], "author": e.get("author")} for e in body.get("entries", [])]
+    window = [
+        {"role": e["role"], "content": e["content"], "author": e.get("author")}
+        for e in body.get("entries", [])
+        if e["role"] in REPLAYED_ROLES and e["content"]
+    ]
     raw = body.get("summary")
     summary = {"role": "system", "content": SUMMARY_PREFIX + str(raw["content"])} if raw else None
     return summary, window

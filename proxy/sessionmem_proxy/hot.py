@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from sessionmem_core import wire
 from sessionmem_proxy.context import ProxyContext, conversation_operation
 from sessionmem_proxy.params import AppendParams, OnConversation, ReadParams
+from sessionmem_proxy.redaction import strings_of, with_strings
 from sessionmem_proxy.replies import Reply, memory_reply
 from sessionmem_proxy.store import EntryToStore, NewEntry
 
@@ -26,12 +27,23 @@ def operation(ctx: ProxyContext, op: str, p: OnConversation) -> conversation_ope
 
 
 async def new_entries(ctx: ProxyContext, entries: Sequence[wire.EntryIn], redact: str) -> Sequence[EntryToStore]:
-    """The entries to store: the request's own, or redacted copies when the request asks for redaction."""
+    """The entries to store: the request's own, or redacted copies when the request asks for redaction,
+    which covers each entry's content and every string value inside its item."""
     redactor = ctx.redaction.chain(redact.split(",")) if redact else None
     if redactor is None:
         return entries
-    contents = await ctx.redaction.apply(redactor, [e.content for e in entries])
-    return [NewEntry(role=e.role.value, content=c, id=e.id) for e, c in zip(entries, contents, strict=True)]
+    texts: list[str] = []
+    for entry in entries:
+        texts.append(entry.content)
+        if entry.item is not None:
+            strings_of(entry.item, texts)
+    redacted = iter(await ctx.redaction.apply(redactor, texts))
+    copies: list[EntryToStore] = []
+    for entry in entries:
+        content = next(redacted)
+        item = None if entry.item is None else with_strings(entry.item, redacted)
+        copies.append(NewEntry(role=entry.role, content=content, id=entry.id, item=item))
+    return copies
 
 
 async def read_entries(ctx: ProxyContext, p: ReadParams, _: BaseModel | None) -> Reply:
@@ -69,6 +81,7 @@ async def append_entries(ctx: ProxyContext, p: AppendParams, body: BaseModel | N
             cap=p.cap,
             ttl_seconds=p.ttl_seconds,
             quota=op.limits,
+            idempotency_key=p.idempotency_key,
         )
         op.span.entries, op.span.version = result.stored, result.version
         duplicate = b"true" if result.duplicate else b"false"

@@ -111,6 +111,12 @@ def conversation_key(space: str, conversation: ConversationId) -> str:
     return space + conversation
 
 
+def sibling_key(key: str, conversation: ConversationId, other: ConversationId) -> str:
+    """The key of conversation ``other`` in the same space (scope and user bucket) as ``key``, which is
+    ``conversation``'s: where a fork goes."""
+    return key[: len(key) - len(conversation)] + other
+
+
 def keys_under(space: str) -> str:
     """The SCAN pattern of every key in a space."""
     return space + "*"

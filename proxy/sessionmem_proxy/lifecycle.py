@@ -8,22 +8,25 @@ from pydantic import BaseModel
 
 from sessionmem_core import api, wire
 from sessionmem_core.errors import Forbidden, InvalidRequest
+from sessionmem_core.ids import parse_conversation_id
 from sessionmem_core.keys import Scope
 from sessionmem_proxy.bulk import conversations_under, delete_all, export_page
 from sessionmem_proxy.context import ProxyContext, identify
 from sessionmem_proxy.hot import new_entries, operation
-from sessionmem_proxy.keying import conversation_in
+from sessionmem_proxy.keying import conversation_in, sibling_key
 from sessionmem_proxy.params import (
     ClearParams,
+    ConditionalParams,
     ConversationParams,
     EraseUserParams,
     ExportParams,
+    ForkParams,
     ListParams,
     ReplaceParams,
     SearchParams,
 )
 from sessionmem_proxy.replies import Reply, memory_reply, model_reply
-from sessionmem_proxy.store import search_entries
+from sessionmem_proxy.store import search_entries, without_rewound_at, written_at
 
 
 async def search(ctx: ProxyContext, p: SearchParams, _: BaseModel | None) -> Reply:
@@ -31,13 +34,14 @@ async def search(ctx: ProxyContext, p: SearchParams, _: BaseModel | None) -> Rep
         result = await ctx.store.read_all(op.key)
         matches = search_entries(result.raw_entries, p.q, p.limit)
         op.span.entries, op.span.version = len(matches), result.version
-        response = wire.SearchResponse(
-            conversationId=op.conversation,
-            scope=op.scope,
-            query=p.q,
-            matches=[wire.Entry.model_validate(m) for m in matches],
+        # The matches as stored (their items unchanged), in a SearchResponse document.
+        body = b'{"conversationId":%s,"scope":"%s","query":%s,"matches":[%s]}' % (
+            orjson.dumps(op.conversation),
+            op.scope.encode(),
+            orjson.dumps(p.q),
+            b",".join(matches),
         )
-        return memory_reply(response, op.scope, len(matches), result.version)
+        return memory_reply(body, op.scope, len(matches), result.version)
 
 
 def _parse_if_match(if_match: str | None) -> int | None:
@@ -78,13 +82,62 @@ def _refuse_on_shared(scope: str) -> None:
         )
 
 
-async def delete(ctx: ProxyContext, p: ConversationParams, _: BaseModel | None) -> Reply:
+async def delete(ctx: ProxyContext, p: ConditionalParams, _: BaseModel | None) -> Reply:
+    expected = _parse_if_match(p.if_match)
     async with operation(ctx, "delete", p) as op:
         _refuse_on_shared(op.scope)
-        removed = await ctx.store.delete(op.key)
+        removed = await ctx.store.delete(op.key, expected)
         op.span.entries = removed
         response = wire.DeleteResponse(deleted=removed > 0, entries=removed, scope=op.scope)
         return memory_reply(response, op.scope, removed, None)
+
+
+async def pop(ctx: ProxyContext, p: ConditionalParams, _: BaseModel | None) -> Reply:
+    expected = _parse_if_match(p.if_match)
+    async with operation(ctx, "pop", p) as op:
+        _refuse_on_shared(op.scope)
+        result = await ctx.store.pop(op.key, expected)
+        op.span.entries, op.span.version = 0 if result.raw_entry is None else 1, result.version
+        body = b'{"entry":%s,"version":%d,"length":%d,"scope":"%s"}' % (
+            b"null" if result.raw_entry is None else result.raw_entry,
+            result.version,
+            result.length,
+            op.scope.encode(),
+        )
+        return memory_reply(body, op.scope, result.length, result.version)
+
+
+async def rewind(ctx: ProxyContext, p: ConditionalParams, body: BaseModel | None) -> Reply:
+    assert isinstance(body, wire.RewindRequest)  # the route table validated it
+    expected = _parse_if_match(p.if_match)
+    async with operation(ctx, "rewind", p) as op:
+        _refuse_on_shared(op.scope)
+        result = await ctx.store.rewind(op.key, body.to_version, expected)
+        op.span.entries, op.span.version = result.removed, result.version
+        response = wire.RewindResponse(
+            version=result.version, removed=result.removed, length=result.length, scope=op.scope
+        )
+        return memory_reply(response, op.scope, result.length, result.version)
+
+
+async def fork(ctx: ProxyContext, p: ForkParams, body: BaseModel | None) -> Reply:
+    """The source's entries written at or before ``atVersion`` (as they were written: a pop's or a
+    rewind's stamp dropped), copied into a new conversation of the same space. Read, then created only
+    where nothing is: a snapshot of the source, whatever is written to it meanwhile."""
+    assert isinstance(body, wire.ForkRequest)  # the route table validated it
+    async with operation(ctx, "fork", p) as op:
+        target = parse_conversation_id(body.conversation_id)
+        target_key = sibling_key(op.key, op.conversation, target)
+        source = await ctx.store.read_all(op.key)
+        at = body.at_version
+        copies = [without_rewound_at(raw) for raw in source.raw_entries if at is None or written_at(raw) <= at]
+        await ctx.quotas.check_storage(op.limits, target_key)
+        result = await ctx.store.create(target_key, copies, p.cap, p.ttl_seconds, op.limits)
+        op.span.entries, op.span.version = result.stored, result.version
+        response = wire.ForkResponse(
+            conversationId=target, version=result.version, entries=result.stored, scope=op.scope
+        )
+        return memory_reply(response, op.scope, result.stored, result.version)
 
 
 async def info(ctx: ProxyContext, p: ConversationParams, _: BaseModel | None) -> Reply:

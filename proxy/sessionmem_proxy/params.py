@@ -110,6 +110,20 @@ def header(key: str, name: str, description: str = "", documented: bool = True) 
     return Param(key, name, "header", {"type": "string"}, str, None, description=description, documented=documented)
 
 
+def bounded_header(key: str, name: str, min_length: int, max_length: int, pattern: str, description: str) -> Param:
+    """A header whose value is checked (typed 400 naming it): its length and its characters."""
+    checked = replace(text(key, name, min_length=min_length, max_length=max_length, pattern=pattern), required=False)
+    schema = {"type": "string", "minLength": min_length, "maxLength": max_length, "pattern": f"^{pattern}$"}
+
+    def parse(raw: str) -> str:
+        try:
+            return str(checked.parse(raw))
+        except InvalidRequest as exc:
+            raise InvalidRequest(str(exc).replace(f"query.{name}", f"header.{name}")) from exc
+
+    return Param(key, name, "header", schema, parse, None, description=description)
+
+
 def _identity(raw: str) -> str:
     return raw  # validated by the operation itself (sessionmem_core.ids), inside its span
 
@@ -120,6 +134,15 @@ def from_contract(op: str, name: str, key: str | None = None) -> Param:
     (its wire name unless given)."""
     (spec,) = [p for p in api.MEMORY_OPERATION[op].params if p.name == name]
     key, schema = key or name, spec.schema
+    if spec.location == "header" and "pattern" in schema:
+        return bounded_header(
+            key,
+            spec.name,
+            schema["minLength"],
+            schema["maxLength"],
+            schema["pattern"].removeprefix("^").removesuffix("$"),
+            spec.description,
+        )
     if spec.location == "header":
         return header(key, spec.name, spec.description)
     if schema["type"] == "integer":
@@ -170,7 +193,8 @@ SUMMARY = from_contract("get", "summary")
 AUTHORIZATION = header("authorization", "authorization", "Bearer token of the calling agent")
 CAPABILITY = header("capability", api.USER_CAPABILITY_HEADER, "The end user's signed run capability (perUser)")
 TRACEPARENT = header("traceparent", api.TRACEPARENT_HEADER, documented=False)
-IF_MATCH = from_contract("replace", "if-match", "if_match")
+IF_MATCH = from_contract("replace", api.IF_MATCH_HEADER, "if_match")
+IDEMPOTENCY_KEY = from_contract("append", api.IDEMPOTENCY_KEY_HEADER, "idempotency_key")
 
 CALLER = (AUTHORIZATION, TRACEPARENT)
 NAMESPACE = Param(
@@ -317,7 +341,7 @@ class ReadParams:
 @declared
 @dataclass(slots=True)
 class AppendParams:
-    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, *WRITE)
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, *WRITE, IDEMPOTENCY_KEY)
     conversation_id: str
     scope: Scope
     authorization: str | None
@@ -326,6 +350,7 @@ class AppendParams:
     cap: int
     ttl_seconds: int
     redact: str
+    idempotency_key: str | None
     verified: AgentIdentity | None = None
 
 
@@ -342,6 +367,35 @@ class ReplaceParams:
     ttl_seconds: int
     redact: str
     if_match: str | None
+    verified: AgentIdentity | None = None
+
+
+@declared
+@dataclass(slots=True)
+class ConditionalParams:
+    """An operation on one conversation conditional on its version (delete, pop, rewind)."""
+
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, IF_MATCH)
+    conversation_id: str
+    scope: Scope
+    authorization: str | None
+    traceparent: str | None
+    capability: str | None
+    if_match: str | None
+    verified: AgentIdentity | None = None
+
+
+@declared
+@dataclass(slots=True)
+class ForkParams:
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, CAP, TTL)
+    conversation_id: str
+    scope: Scope
+    authorization: str | None
+    traceparent: str | None
+    capability: str | None
+    cap: int
+    ttl_seconds: int
     verified: AgentIdentity | None = None
 
 

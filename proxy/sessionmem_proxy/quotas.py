@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
-from sessionmem_core import env, kube
+from sessionmem_core import api, env, kube
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import RateLimited
 from sessionmem_core.keys import Owner
@@ -48,7 +48,7 @@ from sessionmem_proxy.buckets import TokenBucket
 from sessionmem_proxy.store import UsageLedger, refusal
 
 # Operations that store something, and so are checked against the storage quota.
-WRITES = frozenset({"append", "replace"})
+WRITES = frozenset(operation.op for operation in api.MEMORY_OPERATIONS if operation.writes)
 # Operations paced by the transfer rate rather than refused by it (an export's pages wait for the bucket).
 PACED = frozenset({"export"})
 _REMEMBERED = 10_000
@@ -295,6 +295,12 @@ class Quotas:
             raise RateLimited(
                 f"{owner.author} is over its rate of {limits.requests_per_second:g} requests/s", math.ceil(wait)
             )
+
+    async def check_storage(self, limits: QuotaLimits, key: str) -> None:
+        """Admit a write to a second conversation of an admitted operation (a fork's new one) against the
+        agent's storage quota (507 otherwise)."""
+        if self._ledger is not None:
+            await self._check_storage(limits, key)
 
     async def _check_storage(self, limits: QuotaLimits, key: str) -> None:
         ledger = self._ledger

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import orjson
@@ -166,3 +166,30 @@ class Redaction:
         if sum(len(text) for text in texts) <= OFF_LOOP_CHARS:
             return [redactor(text) for text in texts]
         return await asyncio.to_thread(lambda: [redactor(text) for text in texts])
+
+
+def strings_of(value: Any, into: list[str]) -> list[str]:
+    """Every string value inside a JSON value (an entry's item), depth first in document order, appended
+    to ``into``: what redaction walks besides an entry's content. Keys are the item's structure and are
+    kept as they are."""
+    if isinstance(value, str):
+        into.append(value)
+    elif isinstance(value, dict):
+        for inner in value.values():
+            strings_of(inner, into)
+    elif isinstance(value, list):
+        for inner in value:
+            strings_of(inner, into)
+    return into
+
+
+def with_strings(value: Any, replacements: Iterator[str]) -> Any:
+    """``value`` with its string values replaced, in ``strings_of``'s order, by ``replacements``; keys,
+    their order and every other value kept."""
+    if isinstance(value, str):
+        return next(replacements)
+    if isinstance(value, dict):
+        return {key: with_strings(inner, replacements) for key, inner in value.items()}
+    if isinstance(value, list):
+        return [with_strings(inner, replacements) for inner in value]
+    return value

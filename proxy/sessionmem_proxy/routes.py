@@ -171,7 +171,12 @@ ROUTES = (  # no annotation: each route is checked against its own handler
     _memory(
         "replace", params.ReplaceParams, lifecycle.replace, CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {412}
     ),
-    _memory("delete", params.ConversationParams, lifecycle.delete, CALLER_STATUSES, "memory"),
+    _memory("delete", params.ConditionalParams, lifecycle.delete, CALLER_STATUSES | {412}, "memory"),
+    _memory("pop", params.ConditionalParams, lifecycle.pop, CALLER_STATUSES | {412}, "memory"),
+    _memory("rewind", params.ConditionalParams, lifecycle.rewind, CALLER_STATUSES | BODY_STATUSES | {412}, "memory"),
+    _memory(
+        "fork", params.ForkParams, lifecycle.fork, CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {409}, "memory"
+    ),
     _memory("list", params.ListParams, lifecycle.list_conversations, CALLER_STATUSES, "lifecycle"),
     _memory("clear", params.ClearParams, lifecycle.clear_all, CALLER_STATUSES, "lifecycle"),
     Route(

@@ -24,7 +24,15 @@ from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 from sessionmem_core import env
 from sessionmem_core.api import SUMMARY_ID_PREFIX
-from sessionmem_core.errors import BackendUnavailable, QuotaExceeded, SessionMemError, VersionConflict
+from sessionmem_core.errors import (
+    BackendUnavailable,
+    ConversationExists,
+    InvalidRequest,
+    PayloadTooLarge,
+    QuotaExceeded,
+    SessionMemError,
+    VersionConflict,
+)
 from sessionmem_core.ids import new_message_id
 from sessionmem_proxy.keying import usage_keys_of
 
@@ -45,18 +53,45 @@ RETRY_CHUNK_ENTRIES = 16
 # arguments start in ARGV, and answers its reply, then how the accounting counts it: 'add' or 'set', the
 # bytes and the TTL; or its reply alone when it wrote nothing.
 
-# append(key, a): ARGV from ``a`` on holds cap, ttl, window entries, window bytes, chunk, then
-# (id, client?, rest) triples, client? '1' when the id came from the client (a minted id cannot be a
-# retry). Each entry is judged on its own: an id already stored in the retry window, or earlier in the
-# same batch, is skipped; the rest are stored. Answers {version, stored, length, duplicate ids, bytes
-# added (net of what the cap trimmed), 1 when the conversation was new}.
+# The version of a conversation is read from its newest entry: its ``v``, or the ``rewoundAt`` a pop or a
+# rewind wrote on it (they are writes, so they move the version on without writing an entry). Every script
+# that reads a version uses ``version_of``; ``mark_rewound`` stamps the newest entry, answering the bytes it
+# added.
+_VERSION_FUNCTIONS = """
+local function version_of(entry)
+  if not entry then return 0 end
+  local v, r = string.match(entry, '^{"id":"[^"]*","v":(%d+),"rewoundAt":(%d+)')
+  if v then return math.max(tonumber(v), tonumber(r)) end
+  return tonumber(string.match(entry, '^{"id":"[^"]*","v":(%d+)')) or 0
+end
+local function mark_rewound(key, version)
+  local tail = redis.call('LINDEX', key, -1)
+  local head, rest = string.match(tail, '^({"id":"[^"]*","v":%d+)(.*)$')
+  rest = string.gsub(rest, '^,"rewoundAt":%d+', '', 1)
+  local marked = head .. ',"rewoundAt":' .. version .. rest
+  redis.call('LSET', key, -1, marked)
+  return #marked - #tail
+end
+local function ttl_of(key)
+  return math.max(1, math.floor((redis.call('PTTL', key) + 999) / 1000))
+end
+"""
+
+# append(key, a): ARGV from ``a`` on holds cap, ttl, window entries, window bytes, chunk, the append's
+# idempotency key ('' for none), then (id, client?, rest) triples, client? '1' when the id came from the
+# client and identifies a retry (a minted id cannot be a retry; with an idempotency key ids may repeat).
+# With a key, an append whose key is stored in the retry window (on the first entry of its original) is
+# a retry, answered with its original's version and nothing stored. Without one, each entry is judged on
+# its own: an id already stored in the retry window, or earlier in the same batch, is skipped; the rest
+# are stored. Answers {version, stored, length, duplicate ids, bytes added (net of what the cap trimmed),
+# 1 when the conversation was new}.
 _APPEND_FUNCTION = """
 local function append(key, a)
   local cap, ttl, window = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local window_bytes, max_chunk, first = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), a + 5
+  local window_bytes, max_chunk, idem, first = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5], a + 6
   local tail = redis.call('LINDEX', key, -1)
   local v = 0
-  if tail then v = tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) or 0 end
+  if tail then v = version_of(tail) end
   local wanted = {}
   local missing = 0
   for i = first, #ARGV, 3 do
@@ -65,7 +100,9 @@ local function append(key, a)
       missing = missing + 1
     end
   end
+  if idem ~= '' then missing = 1 end
   local stored_before = {}
+  local original = nil
   if tail and missing > 0 then
     local limit = math.min(window, redis.call('LLEN', key))
     local from, chunk, seen_bytes = 1, 4, 0
@@ -74,26 +111,46 @@ local function append(key, a)
       local part = redis.call('LRANGE', key, -to, -from)
       for j = #part, 1, -1 do
         seen_bytes = seen_bytes + #part[j]
-        local id = string.match(part[j], '^{"id":"([^"]*)"')
-        if id and wanted[id] then
-          wanted[id] = nil
-          stored_before[id] = true
-          missing = missing - 1
+        if idem ~= '' then
+          local at, k = string.match(part[j], '^{"id":"[^"]*","v":(%d+),"idempotencyKey":"([^"]*)"')
+          if not k then
+            at, k = string.match(part[j], '^{"id":"[^"]*","v":(%d+),"rewoundAt":%d+,"idempotencyKey":"([^"]*)"')
+          end
+          if k == idem then
+            original = tonumber(at)
+            missing = 0
+            break
+          end
+        else
+          local id = string.match(part[j], '^{"id":"([^"]*)"')
+          if id and wanted[id] then
+            wanted[id] = nil
+            stored_before[id] = true
+            missing = missing - 1
+          end
         end
       end
       from = to + 1
       chunk = math.min(chunk * 2, max_chunk)
     end
   end
+  if original then
+    local ids = {}
+    for i = first, #ARGV, 3 do ids[#ids + 1] = ARGV[i] end
+    return {original, 0, redis.call('LLEN', key), ids, 0, 0}
+  end
   local batch, duplicates, taken = {}, {}, {}
   local added = 0
+  local mark = ''
+  if idem ~= '' then mark = ',"idempotencyKey":"' .. idem .. '"' end
   for i = first, #ARGV, 3 do
     local id = ARGV[i]
-    if stored_before[id] or taken[id] then
+    if stored_before[id] or (taken[id] and idem == '') then
       duplicates[#duplicates + 1] = id
     else
       taken[id] = true
-      batch[#batch + 1] = '{"id":"' .. id .. '","v":' .. (v + 1) .. ARGV[i + 2]
+      batch[#batch + 1] = '{"id":"' .. id .. '","v":' .. (v + 1) .. mark .. ARGV[i + 2]
+      mark = ''
       added = added + #batch[#batch]
     end
   end
@@ -121,7 +178,7 @@ local function replace(key, a)
   local expected, cap, ttl, first = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), a + 3
   local tail = redis.call('LINDEX', key, -1)
   local v = 0
-  if tail then v = tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) or 0 end
+  if tail then v = version_of(tail) end
   if expected ~= '*' and tonumber(expected) ~= v then
     return {-1, v, 0}
   end
@@ -138,6 +195,69 @@ local function replace(key, a)
   local size = 0
   for i = #batch - kept + 1, #batch do size = size + #batch[i] end
   return {v, kept, size}, 'set', size, ttl
+end
+"""
+
+# pop(key, a): ARGV[a] the expected version ('*' for any). Removes the newest entry; the version moves on
+# (stamped on the new newest entry), or the conversation is gone when it was the last. Answers {version,
+# length, removed entry or '', 1 when one was removed, bytes added (negative), TTL (0: gone)}, or {-1,
+# current version} when the version does not match; nothing written when there was nothing to pop.
+_POP_FUNCTION = """
+local function pop(key, a)
+  local expected = ARGV[a]
+  local tail = redis.call('LINDEX', key, -1)
+  local v = version_of(tail)
+  if expected ~= '*' and tonumber(expected) ~= v then return {-1, v} end
+  if not tail then return {0, 0, '', 0, 0, 0} end
+  local ttl = ttl_of(key)
+  redis.call('RPOP', key)
+  local length = redis.call('LLEN', key)
+  if length == 0 then return {0, 0, tail, 1, -#tail, 0}, 'forget', 0, 0 end
+  local delta = mark_rewound(key, v + 1) - #tail
+  return {v + 1, length, tail, 1, delta, ttl}, 'add', delta, ttl
+end
+"""
+
+# rewind(key, a): ARGV[a] the expected version ('*' for any), ARGV[a + 1] the version to go back to: the
+# entries written after it are dropped, newest first; the version moves on as a pop's does. Answers
+# {version, removed, length, bytes added (negative), TTL (0: gone)}, or {-1, current version} when the
+# version does not match.
+_REWIND_FUNCTION = """
+local function rewind(key, a)
+  local expected, to = ARGV[a], tonumber(ARGV[a + 1])
+  local tail = redis.call('LINDEX', key, -1)
+  local v = version_of(tail)
+  if expected ~= '*' and tonumber(expected) ~= v then return {-1, v} end
+  if not tail then return {0, 0, 0, 0, 0} end
+  local ttl = ttl_of(key)
+  local removed, delta = 0, 0
+  while tail and tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) > to do
+    redis.call('RPOP', key)
+    removed = removed + 1
+    delta = delta - #tail
+    tail = redis.call('LINDEX', key, -1)
+  end
+  if removed == 0 then return {v, 0, redis.call('LLEN', key), 0, 0} end
+  if not tail then return {0, removed, 0, delta, 0}, 'forget', 0, 0 end
+  delta = delta + mark_rewound(key, v + 1)
+  return {v + 1, removed, redis.call('LLEN', key), delta, ttl}, 'add', delta, ttl
+end
+"""
+
+# create(key, a): ARGV from ``a`` on holds cap, ttl, then whole stored entries (a fork's copies). Refused
+# ({-1}) when the key exists; answers {version, entries kept}.
+_CREATE_FUNCTION = """
+local function create(key, a)
+  local cap, ttl, first = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), a + 2
+  if redis.call('EXISTS', key) == 1 then return {-1, 0} end
+  if #ARGV < first then return {0, 0} end
+  redis.call('RPUSH', key, unpack(ARGV, first, #ARGV))
+  redis.call('LTRIM', key, -cap, -1)
+  redis.call('EXPIRE', key, ttl)
+  local kept = redis.call('LRANGE', key, 0, -1)
+  local size = 0
+  for _, e in ipairs(kept) do size = size + #e end
+  return {version_of(kept[#kept]), #kept}, 'set', size, ttl
 end
 """
 
@@ -224,15 +344,34 @@ end
 """
 
 
-def _scripts(function: str, name: str) -> tuple[str, str]:
+# shrinking(write): a write that only removes (a pop, a rewind), with its accounting and no quota check
+# (what frees storage is never refused for want of it). KEYS and ARGV as ``counted``'s.
+_SHRINKING_FUNCTION = """
+local function shrinking(write)
+  local now = usage_now()
+  usage_prune(KEYS[2], KEYS[3], now)
+  local reply, op, bytes, ttl = write(KEYS[1], 3)
+  if op then usage_apply(KEYS[2], KEYS[3], KEYS[1], op, bytes, ttl, now) end
+  usage_settle(KEYS[2], KEYS[3])
+  return {0, reply}
+end
+"""
+
+
+def _scripts(function: str, name: str, admitted: bool = True) -> tuple[str, str]:
     """A write's two scripts: alone (KEYS = the conversation; its arguments from ARGV[1]), answering its
-    reply; and counted (``counted`` above)."""
-    alone = function + f"local reply = {name}(KEYS[1], 1)\nreturn reply\n"
-    return alone, _USAGE_FUNCTIONS + _COUNTED_FUNCTION + function + f"return counted({name})\n"
+    reply; and counted (``counted`` above, or ``shrinking`` for a write that is not ``admitted``)."""
+    body = _VERSION_FUNCTIONS + function
+    alone = body + f"local reply = {name}(KEYS[1], 1)\nreturn reply\n"
+    wrapper, wrap = (_COUNTED_FUNCTION, "counted") if admitted else (_SHRINKING_FUNCTION, "shrinking")
+    return alone, _USAGE_FUNCTIONS + wrapper + body + f"return {wrap}({name})\n"
 
 
 _APPEND, _APPEND_COUNTED = _scripts(_APPEND_FUNCTION, "append")
 _REPLACE, _REPLACE_COUNTED = _scripts(_REPLACE_FUNCTION, "replace")
+_POP, _POP_COUNTED = _scripts(_POP_FUNCTION, "pop", admitted=False)
+_REWIND, _REWIND_COUNTED = _scripts(_REWIND_FUNCTION, "rewind", admitted=False)
+_CREATE, _CREATE_COUNTED = _scripts(_CREATE_FUNCTION, "create")
 
 # The accounting alone (a Cluster, where it cannot share a script with the conversation): KEYS =
 # expiries, sizes; ARGV = op ('reserve' max-conversations max-bytes | 'add' bytes ttl | 'set' bytes ttl |
@@ -256,23 +395,33 @@ return {totals[1], totals[2], known, verdict}
 """
 )
 
-_DELETE = """
+# Delete: ARGV[1] the expected version ('*' for any). Answers {entries removed, version}, or {-1, the
+# current version} when it does not match (nothing removed).
+_DELETE = (
+    _VERSION_FUNCTIONS
+    + """
+local v = version_of(redis.call('LINDEX', KEYS[1], -1))
+if ARGV[1] ~= '*' and tonumber(ARGV[1]) ~= v then return {-1, v} end
 local n = redis.call('LLEN', KEYS[1])
 redis.call('DEL', KEYS[1])
-return n
+return {n, v}
 """
+)
 
 # Delete with its accounting: KEYS = the conversation, expiries, sizes.
 _DELETE_COUNTED = (
     _USAGE_FUNCTIONS
+    + _VERSION_FUNCTIONS
     + """
+local v = version_of(redis.call('LINDEX', KEYS[1], -1))
+if ARGV[1] ~= '*' and tonumber(ARGV[1]) ~= v then return {-1, v} end
 local n = redis.call('LLEN', KEYS[1])
 redis.call('DEL', KEYS[1])
 local now = usage_now()
 usage_prune(KEYS[2], KEYS[3], now)
 usage_apply(KEYS[2], KEYS[3], KEYS[1], 'forget', 0, 0, now)
 usage_settle(KEYS[2], KEYS[3])
-return n
+return {n, v}
 """
 )
 
@@ -294,12 +443,28 @@ end
 return {head, window}
 """
 
-_VERSION = re.compile(rb'^\{"id":"[^"]*","v":(\d+)')
+_VERSION = re.compile(rb'^\{"id":"[^"]*","v":(\d+)(?:,"rewoundAt":(\d+))?')
+_REWOUND_AT = re.compile(rb'^(\{"id":"[^"]*","v":\d+),"rewoundAt":\d+')
 
 
 def version_of(raw_entry: bytes) -> int:
+    """The conversation's version as its newest entry tells it (``version_of`` of the scripts)."""
+    match = _VERSION.match(raw_entry)
+    if match is None:
+        return 0
+    written, rewound = match.groups()
+    return max(int(written), int(rewound)) if rewound else int(written)
+
+
+def written_at(raw_entry: bytes) -> int:
+    """The version an entry was written at (its ``v``)."""
     match = _VERSION.match(raw_entry)
     return int(match.group(1)) if match else 0
+
+
+def without_rewound_at(raw_entry: bytes) -> bytes:
+    """The entry as written: without the ``rewoundAt`` a pop or rewind stamped on it."""
+    return _REWOUND_AT.sub(rb"\1", raw_entry, count=1)
 
 
 class EntryToStore(Protocol):
@@ -315,6 +480,9 @@ class EntryToStore(Protocol):
     @property
     def id(self) -> str | None: ...
 
+    @property
+    def item(self) -> dict[str, Any] | None: ...
+
 
 # The value objects built for every request are plain (not frozen) slotted dataclasses: building a frozen
 # one costs about three times as much (its __init__ goes through object.__setattr__). Nothing mutates them.
@@ -325,6 +493,7 @@ class NewEntry:
     role: str
     content: str
     id: str | None = None
+    item: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -342,6 +511,21 @@ class AppendResult:
     def duplicate(self) -> bool:
         """Nothing new was stored: the whole batch was a retry."""
         return self.stored == 0
+
+
+@dataclass(slots=True)
+class PopResult:
+    version: int
+    length: int
+    # The entry removed, as it was stored; None when there was none.
+    raw_entry: bytes | None
+
+
+@dataclass(slots=True)
+class RewindResult:
+    version: int
+    removed: int
+    length: int
 
 
 @dataclass(slots=True)
@@ -436,30 +620,48 @@ class ValkeyLike(Protocol):
 
 
 def _entry_args(
-    entries: Sequence[EntryToStore], author: str, now_ms: int, client_flags: bool = False
+    entries: Sequence[EntryToStore], author: str, now_ms: int, client_flags: bool = False, ids_identify: bool = True
 ) -> list[str | bytes]:
-    """(id, rest-of-entry) pairs; with ``client_flags``, (id, '1' if the client chose it else '0', rest)."""
+    """(id, rest-of-entry) pairs; with ``client_flags``, (id, '1' if the client chose it and ids identify
+    retries (``ids_identify``) else '0', rest).
+    An item is serialized after the proxy's fields, its keys in the order given; an entry over
+    ``MAX_ENTRY_BYTES`` stored is a typed 413, an item JSON cannot hold (an integer past 64 bits) a 400."""
     args: list[str | bytes] = []
     for entry in entries:
-        rest = orjson.dumps({"role": entry.role, "content": entry.content, "author": author, "ts": now_ms})
+        fields: dict[str, Any] = {"role": entry.role, "content": entry.content, "author": author, "ts": now_ms}
+        if entry.item is not None:
+            fields["item"] = entry.item
+        try:
+            rest = orjson.dumps(fields)
+        except orjson.JSONEncodeError as exc:
+            raise InvalidRequest(f"body.entries.item: not storable as JSON: {exc}") from exc
+        if len(rest) > env.MAX_ENTRY_BYTES:
+            raise PayloadTooLarge(
+                f"an entry would store {len(rest)} bytes (content and item); at most {env.MAX_ENTRY_BYTES}"
+            )
         # The id was validated (no quotes, no control characters), so it is safe inside a JSON string.
         args.append(entry.id or new_message_id())
         if client_flags:
-            args.append("1" if entry.id else "0")
+            args.append("1" if entry.id and ids_identify else "0")
         args.append(b"," + rest[1:])
     return args
 
 
-def append_args(entries: Sequence[EntryToStore], author: str, cap: int, ttl_seconds: int) -> list[Any]:
+def append_args(
+    entries: Sequence[EntryToStore], author: str, cap: int, ttl_seconds: int, idempotency_key: str | None = None
+) -> list[Any]:
     """ARGV of the append script (``APPEND_SCRIPT``) for one batch: what every append sends, and what
-    the benchmark's Valkey ceiling sends to measure the same server-side step without the proxy."""
+    the benchmark's Valkey ceiling sends to measure the same server-side step without the proxy. With
+    ``idempotency_key`` (validated: it is written into stored JSON as it is) the key alone identifies a
+    retry, and ids are not de-duplicated."""
     return [
         cap,
         ttl_seconds,
         RETRY_WINDOW_ENTRIES,
         RETRY_WINDOW_BYTES,
         RETRY_CHUNK_ENTRIES,
-        *_entry_args(entries, author, _now_ms(), client_flags=True),
+        idempotency_key or "",
+        *_entry_args(entries, author, _now_ms(), client_flags=True, ids_identify=idempotency_key is None),
     ]
 
 
@@ -479,6 +681,9 @@ class ConversationStore:
         self._append = client.register_script(_APPEND_COUNTED if counted else _APPEND)
         self._replace = client.register_script(_REPLACE_COUNTED if counted else _REPLACE)
         self._delete = client.register_script(_DELETE_COUNTED if counted else _DELETE)
+        self._pop = client.register_script(_POP_COUNTED if counted else _POP)
+        self._rewind = client.register_script(_REWIND_COUNTED if counted else _REWIND)
+        self._create = client.register_script(_CREATE_COUNTED if counted else _CREATE)
         self._info = client.register_script(_INFO)
         self._read_with_summary = client.register_script(_READ_WITH_SUMMARY)
 
@@ -490,9 +695,12 @@ class ConversationStore:
         cap: int,
         ttl_seconds: int,
         quota: StorageQuota | None = None,
+        idempotency_key: str | None = None,
     ) -> AppendResult:
-        """``quota``: the writer's storage limits, which a store that accounts its writes needs (``_write``)."""
-        reply = await self._write(self._append, key, append_args(entries, author, cap, ttl_seconds), quota)
+        """``quota``: the writer's storage limits, which a store that accounts its writes needs (``_write``);
+        ``idempotency_key``: the append's, which then alone identifies a retry."""
+        args = append_args(entries, author, cap, ttl_seconds, idempotency_key)
+        reply = await self._write(self._append, key, args, quota)
         version, stored, length, duplicates, added, created = reply
         if self.ledger is not None and not self._counted and int(stored):
             size, ledger = int(added), self.ledger
@@ -563,13 +771,65 @@ class ConversationStore:
             await self._account(self.ledger.sized(key, int(size), ttl_seconds))
         return AppendResult(version=int(version), stored=int(stored))
 
-    async def delete(self, key: str) -> int:
+    async def delete(self, key: str, expected_version: int | None = None) -> int:
+        """Entries removed; VersionConflict (nothing removed) when ``expected_version`` is not the current."""
+        expected = "*" if expected_version is None else str(expected_version)
         if self._counted:
-            return int(await self._guard(self._delete(keys=[key, *usage_keys_of(key)], args=[])))
-        removed = await self._call(self._delete, key, [])
-        if self.ledger is not None:
+            reply = await self._guard(self._delete(keys=[key, *usage_keys_of(key)], args=[expected]))
+        else:
+            reply = await self._call(self._delete, key, [expected])
+        removed, version = int(reply[0]), int(reply[1])
+        if removed < 0:
+            raise VersionConflict(f"conversation is at version {version}, not {expected_version}")
+        if self.ledger is not None and not self._counted:
             await self._account(self.ledger.forget(key))
-        return int(removed)
+        return removed
+
+    async def pop(self, key: str, expected_version: int | None = None) -> PopResult:
+        """Remove the newest entry (a write: the version moves on); VersionConflict on a mismatch."""
+        expected = "*" if expected_version is None else str(expected_version)
+        reply = await self._shrink(self._pop, key, [expected])
+        if int(reply[0]) < 0:
+            raise VersionConflict(f"conversation is at version {reply[1]}, not {expected_version}")
+        version, length, raw, removed, delta, ttl = reply
+        if self.ledger is not None and not self._counted and int(removed):
+            await self._account(self._shrunk(key, int(delta), int(ttl)))
+        return PopResult(int(version), int(length), bytes(raw) if int(removed) else None)
+
+    async def rewind(self, key: str, to_version: int, expected_version: int | None = None) -> RewindResult:
+        """Drop the entries written after ``to_version`` (a write when any were); VersionConflict on a mismatch."""
+        expected = "*" if expected_version is None else str(expected_version)
+        reply = await self._shrink(self._rewind, key, [expected, to_version])
+        if int(reply[0]) < 0:
+            raise VersionConflict(f"conversation is at version {reply[1]}, not {expected_version}")
+        version, removed, length, delta, ttl = (int(part) for part in reply)
+        if self.ledger is not None and not self._counted and removed:
+            await self._account(self._shrunk(key, delta, ttl))
+        return RewindResult(version, removed, length)
+
+    async def create(
+        self, key: str, raw_entries: Sequence[bytes], cap: int, ttl_seconds: int, quota: StorageQuota | None = None
+    ) -> AppendResult:
+        """A new conversation holding ``raw_entries`` as they are (a fork's copies); ConversationExists when
+        the key holds one already."""
+        version, kept, *_ = await self._write(self._create, key, [cap, ttl_seconds, *raw_entries], quota)
+        if int(version) < 0:
+            raise ConversationExists("a conversation with that id exists already")
+        if self.ledger is not None and not self._counted:
+            size = sum(len(raw) for raw in raw_entries[-cap:])
+            await self._account(self.ledger.sized(key, size, ttl_seconds))
+        return AppendResult(version=int(version), stored=int(kept), length=int(kept), created=True)
+
+    def _shrunk(self, key: str, delta: int, ttl: int) -> Awaitable[Usage]:
+        assert self.ledger is not None
+        return self.ledger.forget(key) if ttl == 0 else self.ledger.added(key, delta, ttl)
+
+    async def _shrink(self, script: Any, key: str, args: list[Any]) -> Any:
+        """The reply of a write that only removes: with its accounting (no quota check) when counted."""
+        if not self._counted:
+            return await self._call(script, key, args)
+        reply = await self._guard(script(keys=[key, *usage_keys_of(key)], args=[0, 0, *args]))
+        return reply[1]
 
     @staticmethod
     async def _account(update: Awaitable[Usage]) -> None:
@@ -635,19 +895,20 @@ def tokenize(text: str) -> set[str]:
     return {t for t in re.findall(r"\w+", text.lower()) if len(t) > 1}
 
 
-def search_entries(raw_entries: Sequence[bytes], query: str, limit: int) -> list[dict[str, Any]]:
-    """Keyword search: entries ranked by how many query terms they contain, newest first on ties."""
+def search_entries(raw_entries: Sequence[bytes], query: str, limit: int) -> list[bytes]:
+    """Keyword search on the entries' text: the stored entries (as stored) ranked by how many query
+    terms their content contains, newest first on ties."""
     terms = tokenize(query)
     if not terms:
         return []
-    scored: list[tuple[int, int, dict[str, Any]]] = []
+    scored: list[tuple[int, int, bytes]] = []
     for position, raw in enumerate(raw_entries):
         entry = orjson.loads(raw)
         overlap = len(terms & tokenize(str(entry.get("content", ""))))
         if overlap:
-            scored.append((overlap, position, entry))
+            scored.append((overlap, position, raw))
     scored.sort(key=lambda item: (item[0], item[1]), reverse=True)
-    return [entry for _, _, entry in scored[:limit]]
+    return [raw for _, _, raw in scored[:limit]]
 
 
 def _texts(replies: Sequence[bytes | str]) -> tuple[str, ...]:

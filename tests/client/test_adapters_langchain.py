@@ -232,7 +232,7 @@ def test_an_async_only_history_refuses_sync_calls_and_bad_ids_fail_early() -> No
 def test_message_mapping() -> None:
     def entry(message: BaseMessage) -> tuple[str, str, str | None] | None:
         mapped = message_to_entry(message)
-        return None if mapped is None else (mapped.role.value, mapped.content, mapped.id)
+        return None if mapped is None else (mapped.role, mapped.content, mapped.id)
 
     assert entry(HumanMessage("hi", id="m-1")) == ("user", "hi", "m-1")
     assert entry(HumanMessage("hi", id="run:1")) == ("user", "hi", None), "an id the rule rejects is not kept"

@@ -218,7 +218,7 @@ async def test_pop_item_is_conditional_and_never_loses_a_concurrent_write(
 def test_item_mapping() -> None:
     def entry(item: Any) -> tuple[str, str] | None:
         mapped = item_to_entry(item)
-        return None if mapped is None else (mapped.role.value, mapped.content)
+        return None if mapped is None else (mapped.role, mapped.content)
 
     assert entry({"role": "user", "content": "hi"}) == ("user", "hi")
     assert entry({"role": "system", "content": "rules"}) == ("system", "rules")

@@ -352,7 +352,7 @@ async def test_a_bad_id_raises_before_any_network_call_async(bad_id: str) -> Non
 def test_entries_and_arguments_are_checked_before_the_network() -> None:
     with MemoryClient(closed_port_url()) as memory:
         with pytest.raises(InvalidRequest, match="role"):
-            memory.append("c", [{"role": "tool", "content": "scratch"}])
+            memory.append("c", [{"role": "to ol", "content": "scratch"}])
         with pytest.raises(InvalidRequest):
             memory.append("c", [{"content": "no role"}])
         with pytest.raises(InvalidRequest):

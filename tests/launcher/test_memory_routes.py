@@ -27,6 +27,7 @@ from sessionmem_core.errors import (
 from sessionmem_launcher.server import Launcher
 from tests.conftest import launcher_settings
 from tests.support.conversations import exchange
+from tests.support.items import SHAPES
 from tests.support.processes import ServiceProcess
 from tests.support.serving import serve_in_background
 
@@ -96,6 +97,7 @@ async def test_only_the_allow_listed_headers_reach_the_proxy(
         "traceparent": TRACEPARENT,
         "tracestate": "vendor=1",
         "if-match": "7",
+        "idempotency-key": "turn-7",
         "authorization": "Bearer dev:team-b/billing-agent",
         "x-sessionmem-agent": "billing-agent",
         "x-user-id": "mallory",
@@ -116,6 +118,7 @@ async def test_only_the_allow_listed_headers_reach_the_proxy(
     )
     assert headers[api.USER_CAPABILITY_HEADER] == "cap-value", "the turn's capability, resolved by the launcher"
     assert headers["if-match"] == "7"
+    assert headers["idempotency-key"] == "turn-7"
     assert headers["traceparent"].split("-")[1] == TRACEPARENT.split("-")[1], "the launcher's span, same trace"
     assert headers["tracestate"] == "vendor=1"
     assert set(headers) == {
@@ -127,6 +130,7 @@ async def test_only_the_allow_listed_headers_reach_the_proxy(
         "authorization",
         api.USER_CAPABILITY_HEADER,
         "if-match",
+        "idempotency-key",
     }
 
 
@@ -335,3 +339,26 @@ async def test_an_export_joins_the_proxys_pages_and_starts_over_when_they_disagr
     assert document["version"] == 2 and document["nextOffset"] is None
     # The agent's offset is not the proxy's: each export starts at 0; the first was dropped at its second page.
     assert proxy.offsets == [0, 2, 0, 2]
+
+
+async def test_items_and_the_idempotency_key_pass_through_the_launcher_unchanged(launcher: Launcher) -> None:
+    """An agent's framework session on the memory endpoint: its items come back as given, and its retry
+    (the same Idempotency-Key, fresh ids) is answered as the original was."""
+    entries = [
+        {"role": role, "content": content, "item": item, "id": f"i{n}"}
+        for n, (role, content, item) in enumerate(SHAPES.values())
+    ]
+    retry = [{k: v for k, v in entry.items() if k != "id"} for entry in entries]
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as client:
+        first = await client.post(
+            "/v1/conversations/sdk/entries", json={"entries": entries}, headers={"Idempotency-Key": "run-1:turn-1"}
+        )
+        again = await client.post(
+            "/v1/conversations/sdk/entries", json={"entries": retry}, headers={"Idempotency-Key": "run-1:turn-1"}
+        )
+        read = await client.get("/v1/conversations/sdk/entries?limit=100")
+    assert first.status_code == 200, first.text
+    assert (again.json()["duplicate"], again.json()["stored"], again.json()["version"]) == (True, 0, 1)
+    got = orjson.loads(read.content)["entries"]
+    assert [orjson.dumps(e["item"]) for e in got] == [orjson.dumps(e["item"]) for e in entries]
+    assert [e["id"] for e in got] == [e["id"] for e in entries]

@@ -282,6 +282,25 @@ def test_replay_keeps_every_entrys_author() -> None:
     ]
 
 
+def test_replay_passes_the_agent_chat_text_only() -> None:
+    """Entries a framework session wrote into the conversation (tool traffic, reasoning, developer
+    messages, empty text) are not replayed to the managed loop's agent; its exchanges are, as text."""
+    from sessionmem_launcher.replay import history_from
+    from tests.support.items import SHAPES
+
+    entries = [
+        {"role": role, "content": content, "item": item, "author": "a/b"} for role, content, item in SHAPES.values()
+    ]
+    _, window = history_from({"entries": entries})
+    assert window == [
+        {"role": "user", "content": "hi", "author": "a/b"},
+        {"role": "user", "content": "what is the weather", "author": "a/b"},
+        {"role": "assistant", "content": "It is sunny.", "author": "a/b"},
+        {"role": "user", "content": "what is this?", "author": "a/b"},
+        {"role": "assistant", "content": "héllo ✓ 😀", "author": "a/b"},
+    ]
+
+
 async def test_an_administrator_erases_one_user_with_every_agent_of_a_namespace(
     per_user_proxy: ServiceProcess, capability_key: bytes, valkey_server: ValkeyProcess
 ) -> None:

@@ -141,7 +141,7 @@ async def test_bad_bodies_and_missing_credentials_are_typed(proxy_process: Servi
     async with httpx.AsyncClient(base_url=proxy_process.base_url) as client:
         no_token = await client.get("/v1/conversations/c1/entries")
         bad_role = await client.post(
-            "/v1/conversations/c1/entries", json={"entries": [{"role": "tool", "content": "x"}]}, headers=AUTH
+            "/v1/conversations/c1/entries", json={"entries": [{"role": "to ol", "content": "x"}]}, headers=AUTH
         )
         empty = await client.post("/v1/conversations/c1/entries", json={"entries": []}, headers=AUTH)
         not_json = await client.post(

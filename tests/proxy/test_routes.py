@@ -67,7 +67,26 @@ CALLS: dict[str, list[Call]] = {
         ("PUT", "/v1/conversations/c2", EXCHANGE, {**AUTH, "If-Match": "99"}),
         ("PUT", "/v1/conversations/c2", EXCHANGE, {**AUTH, "If-Match": "abc"}),
     ],
-    "delete": [("DELETE", "/v1/conversations/c2", None, AUTH), ("DELETE", "/v1/conversations/%FF", None, AUTH)],
+    "delete": [
+        ("DELETE", "/v1/conversations/c2", None, {**AUTH, "If-Match": "99"}),
+        ("DELETE", "/v1/conversations/c2", None, AUTH),
+        ("DELETE", "/v1/conversations/%FF", None, AUTH),
+    ],
+    "pop": [
+        ("POST", "/v1/conversations/c3/pop", None, {**AUTH, "If-Match": "99"}),
+        ("POST", "/v1/conversations/c3/pop", None, AUTH),
+        ("POST", "/v1/conversations/c3/pop", None, {**AUTH, "If-Match": "abc"}),
+    ],
+    "rewind": [
+        ("POST", "/v1/conversations/c3/rewind", {"toVersion": 0}, {**AUTH, "If-Match": "99"}),
+        ("POST", "/v1/conversations/c3/rewind", {"toVersion": 0}, AUTH),
+        ("POST", "/v1/conversations/c3/rewind", {"toVersion": -1}, AUTH),
+    ],
+    "fork": [
+        ("POST", "/v1/conversations/c1/fork", {"conversationId": "c1-branch"}, AUTH),
+        ("POST", "/v1/conversations/c1/fork", {"conversationId": "c1-branch"}, AUTH),
+        ("POST", "/v1/conversations/c1/fork", {"conversationId": "a:b", "atVersion": 1}, AUTH),
+    ],
     "list": [
         ("GET", "/v1/conversations?limit=2", None, AUTH),
         ("GET", "/v1/conversations?cursor=x", None, AUTH),

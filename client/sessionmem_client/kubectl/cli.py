@@ -241,7 +241,7 @@ def render_transcript(transcript: wire.Transcript) -> str:
         "",
     ]
     for entry in transcript.entries:
-        lines.append(f"[{_when(entry.ts)}] {entry.role.value} (written by {entry.author}):")
+        lines.append(f"[{_when(entry.ts)}] {entry.role} (written by {entry.author}):")
         lines += [f"    {line}" for line in (entry.content.splitlines() or [""])]
     return "\n".join(lines) + "\n"
 
