@@ -100,6 +100,14 @@ def _problems(exc: ValidationError) -> str:
     )
 
 
+def _if_match(if_version: int | None) -> str | None:
+    if if_version is None:
+        return None
+    if if_version < 0:
+        raise InvalidRequest(f"if_version must be a version number (got {if_version})")
+    return str(if_version)
+
+
 def _body(model: BaseModel) -> bytes:
     return model.model_dump_json(exclude_none=True, by_alias=True).encode()
 
@@ -111,6 +119,7 @@ class EntryFields(TypedDict, total=False):
     role: Required[str]
     content: Required[str]
     id: str
+    item: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,9 +207,55 @@ class Requests:
         return Request("PUT", path, wire.ReplaceResponse, body=_body(body), if_match=if_match, traceparent=traceparent)
 
     @staticmethod
-    def delete(conversation_id: str, traceparent: str | None) -> Request[wire.DeleteResponse]:
+    def delete(
+        conversation_id: str, traceparent: str | None, if_version: int | None = None
+    ) -> Request[wire.DeleteResponse]:
         path = api.conversation_path(_segment(conversation_id))
-        return Request("DELETE", path, wire.DeleteResponse, traceparent=traceparent)
+        return Request("DELETE", path, wire.DeleteResponse, if_match=_if_match(if_version), traceparent=traceparent)
+
+    @staticmethod
+    def pop(conversation_id: str, if_version: int | None, traceparent: str | None) -> Request[wire.PopResponse]:
+        path = api.conversation_path(_segment(conversation_id)) + "/pop"
+        # Not repeated on a dropped connection without If-Match: a second pop would remove a second entry.
+        return Request(
+            "POST",
+            path,
+            wire.PopResponse,
+            if_match=_if_match(if_version),
+            traceparent=traceparent,
+            idempotent=if_version is not None,
+        )
+
+    @staticmethod
+    def rewind(
+        conversation_id: str, to_version: int, if_version: int | None, traceparent: str | None
+    ) -> Request[wire.RewindResponse]:
+        path = api.conversation_path(_segment(conversation_id)) + "/rewind"
+        try:
+            body = wire.RewindRequest(toVersion=to_version)
+        except ValidationError as exc:
+            raise InvalidRequest(f"invalid rewind: {_problems(exc)}") from exc
+        # Dropping what came after a version twice drops nothing more.
+        return Request(
+            "POST",
+            path,
+            wire.RewindResponse,
+            body=_body(body),
+            if_match=_if_match(if_version),
+            traceparent=traceparent,
+            idempotent=True,
+        )
+
+    @staticmethod
+    def fork(
+        conversation_id: str, new_conversation_id: str, at_version: int | None, traceparent: str | None
+    ) -> Request[wire.ForkResponse]:
+        path = api.conversation_path(_segment(conversation_id)) + "/fork"
+        try:
+            body = wire.ForkRequest(conversationId=validate_conversation_id(new_conversation_id), atVersion=at_version)
+        except ValidationError as exc:
+            raise InvalidRequest(f"invalid fork: {_problems(exc)}") from exc
+        return Request("POST", path, wire.ForkResponse, body=_body(body), traceparent=traceparent)
 
     @staticmethod
     def search(conversation_id: str, q: str, limit: int, traceparent: str | None) -> Request[wire.SearchResponse]:
@@ -374,6 +429,35 @@ def window_read(conversation_id: str, limit: int, summary: bool) -> Request[wire
     same window of the same conversation every turn, and building it again cost a share of the turn
     (docs/benchmarks.md). A request the contract refuses raises every time; errors are not cached."""
     return Requests.read(conversation_id, limit, summary, None)
+
+
+@lru_cache(maxsize=1024)
+def export_read(conversation_id: str) -> Request[wire.History]:
+    """:meth:`Requests.export` of an adapter's conversation, kept as :func:`window_read` is."""
+    return Requests.export(conversation_id, None)
+
+
+def decode_entries(request: Request[wire.History], reply: Reply) -> list[dict[str, Any]]:
+    """A read's or an export's entries as the JSON objects the answer holds (the summary first, when
+    there is one), for the framework adapters, which take each entry's ``item`` (or role and text) at once:
+    building the History model first cost more than the rest of their turn. Each must be an object with
+    a string role and content; anything else is an unexpected answer."""
+    if reply.status >= 400:
+        raise from_wire(reply.status, reply.body)
+    try:
+        data = orjson.loads(reply.body)
+        summary = data.get("summary")
+        entries = data["entries"] if summary is None else [summary, *data["entries"]]
+        for entry in entries:
+            if type(entry["role"]) is not str or type(entry["content"]) is not str:
+                raise TypeError(f"entry {entry.get('id')!r} lacks a string role and content")
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError) as exc:
+        error = SessionMemError(
+            f"unexpected answer to {request.method} {request.path} (HTTP {reply.status}): {type(exc).__name__} {exc}"
+        )
+        error.status = reply.status
+        raise error from exc
+    return cast(list[dict[str, Any]], entries)
 
 
 class WindowEntry(TypedDict):

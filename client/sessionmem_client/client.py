@@ -15,7 +15,7 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from sessionmem_client._requests import (
     DEFAULT_RETRIES,
@@ -30,9 +30,11 @@ from sessionmem_client._requests import (
     WindowEntry,
     check_stored,
     decode,
+    decode_entries,
     decode_window,
     default_base_url,
     exchange_entries,
+    export_read,
     retry_delay,
     window_read,
 )
@@ -190,8 +192,44 @@ class MemoryClient(_Client[SyncTransport]):
         :class:`~sessionmem_core.errors.VersionConflict` when the conversation has moved on."""
         return self._send(Requests.replace(conversation_id, entries, if_version, traceparent))
 
-    def delete(self, conversation_id: str, *, traceparent: str | None = None) -> wire.DeleteResponse:
-        return self._send(Requests.delete(conversation_id, traceparent))
+    def _read_entries(self, conversation_id: str, limit: int | None) -> list[dict[str, Any]]:
+        """The latest ``limit`` entries (all when None, from an export) as the answer's JSON objects: what
+        the framework adapters turn into their items."""
+        request = export_read(conversation_id) if limit is None else window_read(conversation_id, limit, False)
+        return decode_entries(request, self._call(request))
+
+    def delete(
+        self, conversation_id: str, if_version: int | None = None, *, traceparent: str | None = None
+    ) -> wire.DeleteResponse:
+        """Erase the conversation; with ``if_version`` only if it is still at that version
+        (:class:`~sessionmem_core.errors.VersionConflict` otherwise)."""
+        return self._send(Requests.delete(conversation_id, traceparent, if_version))
+
+    def pop(
+        self, conversation_id: str, if_version: int | None = None, *, traceparent: str | None = None
+    ) -> wire.PopResponse:
+        """Remove the newest entry atomically and answer it (``entry`` is None when there was none). A pop
+        is a write: the version moves on. With ``if_version``: only if the conversation is at that version."""
+        return self._send(Requests.pop(conversation_id, if_version, traceparent))
+
+    def rewind(
+        self, conversation_id: str, to_version: int, if_version: int | None = None, *, traceparent: str | None = None
+    ) -> wire.RewindResponse:
+        """Drop the entries written after ``to_version`` (an entry's ``v``); the version moves on."""
+        return self._send(Requests.rewind(conversation_id, to_version, if_version, traceparent))
+
+    def fork(
+        self,
+        conversation_id: str,
+        new_conversation_id: str,
+        at_version: int | None = None,
+        *,
+        traceparent: str | None = None,
+    ) -> wire.ForkResponse:
+        """Copy the entries written at or before ``at_version`` (all when None) into a new conversation of
+        the same scope (and user bucket); :class:`~sessionmem_core.errors.ConversationExists` (409) when
+        ``new_conversation_id`` is taken."""
+        return self._send(Requests.fork(conversation_id, new_conversation_id, at_version, traceparent))
 
     def search(
         self, conversation_id: str, q: str, limit: int = 10, *, traceparent: str | None = None
@@ -329,8 +367,34 @@ class AsyncMemoryClient(_Client[AsyncTransport]):
     ) -> wire.ReplaceResponse:
         return await self._send(Requests.replace(conversation_id, entries, if_version, traceparent))
 
-    async def delete(self, conversation_id: str, *, traceparent: str | None = None) -> wire.DeleteResponse:
-        return await self._send(Requests.delete(conversation_id, traceparent))
+    async def _read_entries(self, conversation_id: str, limit: int | None) -> list[dict[str, Any]]:
+        request = export_read(conversation_id) if limit is None else window_read(conversation_id, limit, False)
+        return decode_entries(request, await self._call(request))
+
+    async def delete(
+        self, conversation_id: str, if_version: int | None = None, *, traceparent: str | None = None
+    ) -> wire.DeleteResponse:
+        return await self._send(Requests.delete(conversation_id, traceparent, if_version))
+
+    async def pop(
+        self, conversation_id: str, if_version: int | None = None, *, traceparent: str | None = None
+    ) -> wire.PopResponse:
+        return await self._send(Requests.pop(conversation_id, if_version, traceparent))
+
+    async def rewind(
+        self, conversation_id: str, to_version: int, if_version: int | None = None, *, traceparent: str | None = None
+    ) -> wire.RewindResponse:
+        return await self._send(Requests.rewind(conversation_id, to_version, if_version, traceparent))
+
+    async def fork(
+        self,
+        conversation_id: str,
+        new_conversation_id: str,
+        at_version: int | None = None,
+        *,
+        traceparent: str | None = None,
+    ) -> wire.ForkResponse:
+        return await self._send(Requests.fork(conversation_id, new_conversation_id, at_version, traceparent))
 
     async def search(
         self, conversation_id: str, q: str, limit: int = 10, *, traceparent: str | None = None
