@@ -173,5 +173,14 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
         if self._owned is not None:
             self._owned.close()
 
+    def __eq__(self, other: object) -> bool:
+        """Equal to any chat history holding equal messages, as LangChain's own histories compare (one read
+        of each)."""
+        if not isinstance(other, BaseChatMessageHistory):
+            return NotImplemented
+        return self.messages == other.messages
+
+    __hash__ = None  # type: ignore[assignment]  # equal by what it holds, which changes
+
     def __repr__(self) -> str:
         return f"SessionmemChatMessageHistory(conversation_id={self.conversation_id!r})"

@@ -6,11 +6,12 @@ or the control (the SDK's ``RedisSession`` on the same real valkey-server)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agents.extensions.memory.redis_session import RedisSession
 from agents.memory import SessionSettings
+from langchain_core.messages import BaseMessage
 
 from sessionmem_client import AsyncMemoryClient, MemoryClient
 from sessionmem_client.langchain import SessionmemChatMessageHistory
@@ -76,9 +77,12 @@ def list_like(backend: Backend) -> Callable[..., Any]:
     return make
 
 
-def sessionmem_history() -> SessionmemChatMessageHistory:
-    """``InMemoryChatMessageHistory()``: a fresh conversation per instance."""
+def sessionmem_history(messages: Sequence[BaseMessage] = ()) -> SessionmemChatMessageHistory:
+    """``InMemoryChatMessageHistory(messages=...)``: a fresh conversation per instance, holding ``messages``."""
     url = Stack.get().memory_url
-    return SessionmemChatMessageHistory(
+    history = SessionmemChatMessageHistory(
         f"{Namespaces.current}-h{next(_instances)}", MemoryClient(url), async_client=AsyncMemoryClient(url)
     )
+    if messages:
+        history.add_messages(messages)
+    return history
