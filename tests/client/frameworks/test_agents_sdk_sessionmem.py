@@ -35,6 +35,17 @@ globals().update(
     )
 )
 
+globals().update(
+    upstream.public(
+        upstream.load(
+            _AGENTS,
+            "tests/extensions/memory/test_encrypt_session.py",
+            "tests._agents_encrypt_sm",
+            {"SQLiteSession": _SESSION},
+        )
+    )
+)
+
 
 @pytest.fixture(autouse=True)
 def _bind_stack(memory_stack: MemoryStack) -> None:
