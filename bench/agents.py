@@ -1,4 +1,5 @@
-"""A sequential Python agent's memory cost per turn: read the last 40 entries, then append the exchange.
+"""A sequential Python agent's memory cost per turn: read the last 40 entries, then append the turn (a tool
+turn: the user message, the model's tool call, the tool's output and the answer; all four are kept).
 
 Each variant runs the same turns, one at a time, in this process, on conversations seeded with 40 entries
 through the variant's own API; a conversation is retired after 20 turns (so every history holds 40-78
@@ -133,6 +134,34 @@ def _seed_items() -> list[dict[str, str]]:
     ]
 
 
+def _tool_turn_items() -> list[dict[str, Any]]:
+    """One tool turn as the Agents SDK hands it to its session."""
+    return [
+        {"role": "user", "content": USER_TEXT},
+        {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": '{"order": "66"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "ships tomorrow"},
+        {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": ASSISTANT_TEXT, "annotations": []}],
+        },
+    ]
+
+
+def _tool_turn_messages() -> list[Any]:
+    """One tool turn as LangChain hands it to its history."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    return [
+        HumanMessage(USER_TEXT),
+        AIMessage("", tool_calls=[{"name": "lookup", "args": {"order": "66"}, "id": "call_1"}]),
+        ToolMessage("ships tomorrow", tool_call_id="call_1"),
+        AIMessage(ASSISTANT_TEXT),
+    ]
+
+
 # --- sessionmem, minimal client: one keep-alive socket, the two HTTP requests of a turn ---
 
 
@@ -216,7 +245,7 @@ def sessionmem_agents_session(port: int, warmup: float, seconds: float) -> Agent
 
     async def main() -> list[float]:
         client = client_mod.AsyncMemoryClient(f"http://127.0.0.1:{port}")
-        items = [{"role": "user", "content": USER_TEXT}, {"role": "assistant", "content": ASSISTANT_TEXT}]
+        items = _tool_turn_items()
 
         async def new_conversation(index: int) -> AsyncTurn:
             session = session_mod.SessionmemSession(f"agent-sdk-{index}", client)
@@ -259,9 +288,9 @@ def sessionmem_langchain(port: int, warmup: float, seconds: float) -> AgentResul
         history.add_messages(seed)
 
         def turn() -> None:
-            messages = history.messages
+            messages = history.messages[-READ_LIMIT:]  # every message (as RedisChatMessageHistory reads)
             assert len(messages) == READ_LIMIT
-            history.add_messages([HumanMessage(USER_TEXT), AIMessage(ASSISTANT_TEXT)])
+            history.add_messages(_tool_turn_messages())
 
         return turn
 
@@ -289,7 +318,7 @@ def openai_agents_redis_session(valkey_port: int, warmup: float, seconds: float,
 
     async def main() -> list[float]:
         client = redis_async.Redis(host="127.0.0.1", port=valkey_port)
-        items: list[Any] = [{"role": "user", "content": USER_TEXT}, {"role": "assistant", "content": ASSISTANT_TEXT}]
+        items: list[Any] = _tool_turn_items()
         tag = "ttl" if ttl else "plain"
 
         async def new_conversation(index: int) -> AsyncTurn:
@@ -342,7 +371,7 @@ def langchain_redis_history(valkey_port: int, warmup: float, seconds: float) -> 
         def turn() -> None:
             messages = history.messages[-READ_LIMIT:]
             assert len(messages) == READ_LIMIT
-            history.add_messages([HumanMessage(USER_TEXT), AIMessage(ASSISTANT_TEXT)])
+            history.add_messages(_tool_turn_messages())
 
         return turn
 

@@ -19,6 +19,7 @@ from sessionmem_core import api, env, wire
 from sessionmem_core.env import ConfigError
 from sessionmem_core.errors import BackendUnavailable, InvalidRequest, SessionMemError, from_wire
 from sessionmem_core.ids import new_message_id, validate_conversation_id
+from sessionmem_infra.http_client import IDEMPOTENT_METHODS
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -32,6 +33,7 @@ CURSOR_PARAM = "cursor"
 QUERY_PARAM = "q"
 SUMMARY_PARAM = "summary"
 IF_MATCH_HEADER = "if-match"
+IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 JSON_CONTENT_TYPE = "application/json"
 
 
@@ -98,6 +100,14 @@ def _problems(exc: ValidationError) -> str:
     )
 
 
+def _if_match(if_version: int | None) -> str | None:
+    if if_version is None:
+        return None
+    if if_version < 0:
+        raise InvalidRequest(f"if_version must be a version number (got {if_version})")
+    return str(if_version)
+
+
 def _body(model: BaseModel) -> bytes:
     return model.model_dump_json(exclude_none=True, by_alias=True).encode()
 
@@ -109,6 +119,7 @@ class EntryFields(TypedDict, total=False):
     role: Required[str]
     content: Required[str]
     id: str
+    item: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +134,14 @@ class Request(Generic[M]):
     if_match: str | None = None
     traceparent: str | None = None
     # Whether it may be sent again when a pooled connection turns out closed (None: as the method says):
-    # an append is when every entry carries its id, which the store keeps once.
+    # an append is when it carries an idempotency key, or every entry carries its id (old rule).
     idempotent: bool | None = None
+    idempotency_key: str | None = None
+
+    @property
+    def retry_safe(self) -> bool:
+        """Whether sending it twice has the effect of sending it once."""
+        return self.method in IDEMPOTENT_METHODS if self.idempotent is None else self.idempotent
 
 
 class Requests:
@@ -156,16 +173,23 @@ class Requests:
         )
 
     @staticmethod
-    def append_batch(conversation_id: str, entries: list[EntryFields]) -> Request[wire.AppendResponse]:
+    def append_batch(
+        conversation_id: str, entries: list[EntryFields], idempotency_key: str | None = None
+    ) -> Request[wire.AppendResponse]:
         """:meth:`append` for the framework adapters, whose turn it is on: their entries are checked by the
         server, not here (the adapters make the role and the text themselves; the size limits are the
         server's to enforce), so a refused entry comes back as the server's typed error and nothing of its
         batch is stored. Made in place, ``EntryIn`` models and the request model around them cost a share
         of a sequential agent's turn many times what they cost in a loop (docs/benchmarks.md)."""
         path = api.entries_path(_segment(conversation_id))
-        identified = all(entry.get("id") for entry in entries)
+        identified = idempotency_key is not None or all(entry.get("id") for entry in entries)
         return Request(
-            "POST", path, wire.AppendResponse, body=orjson.dumps({"entries": entries}), idempotent=identified
+            "POST",
+            path,
+            wire.AppendResponse,
+            body=orjson.dumps({"entries": entries}),
+            idempotent=identified,
+            idempotency_key=idempotency_key,
         )
 
     @staticmethod
@@ -183,9 +207,55 @@ class Requests:
         return Request("PUT", path, wire.ReplaceResponse, body=_body(body), if_match=if_match, traceparent=traceparent)
 
     @staticmethod
-    def delete(conversation_id: str, traceparent: str | None) -> Request[wire.DeleteResponse]:
+    def delete(
+        conversation_id: str, traceparent: str | None, if_version: int | None = None
+    ) -> Request[wire.DeleteResponse]:
         path = api.conversation_path(_segment(conversation_id))
-        return Request("DELETE", path, wire.DeleteResponse, traceparent=traceparent)
+        return Request("DELETE", path, wire.DeleteResponse, if_match=_if_match(if_version), traceparent=traceparent)
+
+    @staticmethod
+    def pop(conversation_id: str, if_version: int | None, traceparent: str | None) -> Request[wire.PopResponse]:
+        path = api.conversation_path(_segment(conversation_id)) + "/pop"
+        # Not repeated on a dropped connection without If-Match: a second pop would remove a second entry.
+        return Request(
+            "POST",
+            path,
+            wire.PopResponse,
+            if_match=_if_match(if_version),
+            traceparent=traceparent,
+            idempotent=if_version is not None,
+        )
+
+    @staticmethod
+    def rewind(
+        conversation_id: str, to_version: int, if_version: int | None, traceparent: str | None
+    ) -> Request[wire.RewindResponse]:
+        path = api.conversation_path(_segment(conversation_id)) + "/rewind"
+        try:
+            body = wire.RewindRequest(toVersion=to_version)
+        except ValidationError as exc:
+            raise InvalidRequest(f"invalid rewind: {_problems(exc)}") from exc
+        # Dropping what came after a version twice drops nothing more.
+        return Request(
+            "POST",
+            path,
+            wire.RewindResponse,
+            body=_body(body),
+            if_match=_if_match(if_version),
+            traceparent=traceparent,
+            idempotent=True,
+        )
+
+    @staticmethod
+    def fork(
+        conversation_id: str, new_conversation_id: str, at_version: int | None, traceparent: str | None
+    ) -> Request[wire.ForkResponse]:
+        path = api.conversation_path(_segment(conversation_id)) + "/fork"
+        try:
+            body = wire.ForkRequest(conversationId=validate_conversation_id(new_conversation_id), atVersion=at_version)
+        except ValidationError as exc:
+            raise InvalidRequest(f"invalid fork: {_problems(exc)}") from exc
+        return Request("POST", path, wire.ForkResponse, body=_body(body), traceparent=traceparent)
 
     @staticmethod
     def search(conversation_id: str, q: str, limit: int, traceparent: str | None) -> Request[wire.SearchResponse]:
@@ -265,7 +335,10 @@ class CallOptions:
         return traceparent or None
 
     def headers(self, request: Request[Any]) -> dict[str, str]:
-        return self.header_fields(request.body is not None, request.if_match, self.traceparent_of(request))
+        headers = self.header_fields(request.body is not None, request.if_match, self.traceparent_of(request))
+        if request.idempotency_key is not None:
+            headers[IDEMPOTENCY_KEY_HEADER] = request.idempotency_key
+        return headers
 
     def header_fields(self, has_body: bool, if_match: str | None, traceparent: str | None) -> dict[str, str]:
         headers = {"accept": JSON_CONTENT_TYPE}
@@ -288,10 +361,40 @@ def unreachable(options: CallOptions, request: Request[Any], exc: Exception) -> 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """An answer as the transports hand it over: status and body are all the contract needs."""
+    """An answer as the transports hand it over: status and body are all the contract needs, and
+    ``Retry-After`` when the server asked the caller to come back later."""
 
     status: int
     body: bytes
+    retry_after: str | None = None
+
+
+DEFAULT_RETRIES = 4
+# The longest single wait between attempts, whatever Retry-After says: a client bounds its own latency.
+MAX_RETRY_WAIT_SECONDS = 10.0
+_FIRST_BACKOFF_SECONDS = 0.1
+_RETRIED_STATUSES = frozenset({429, 503})
+_NOT_PROCESSED = b'"overloaded"'  # a 503 of a worker that refused the request before doing anything
+
+
+def retry_delay(request: Request[Any], reply: Reply, retries_done: int, retries: int) -> float | None:
+    """Seconds to wait before sending ``request`` again, or None to answer with ``reply``.
+
+    A 429 (rate limited: nothing was done) is retried; a 503 is retried when the request may be sent twice
+    (an idempotent method, an append with an idempotency key or identified entries) or when the server
+    says it refused the request unprocessed. The wait is the answer's ``Retry-After`` (seconds), else a
+    doubling backoff, capped at ``MAX_RETRY_WAIT_SECONDS``; after ``retries`` retries the answer stands
+    (the caller raises its typed error: ``RateLimited``, ``Overloaded``, ``BackendUnavailable``)."""
+    status = reply.status
+    if status not in _RETRIED_STATUSES or retries_done >= retries:
+        return None
+    if status == 503 and not request.retry_safe and _NOT_PROCESSED not in reply.body:
+        return None
+    wait: float = _FIRST_BACKOFF_SECONDS * (2**retries_done)
+    retry_after = reply.retry_after
+    if retry_after is not None and retry_after.strip().isdigit():  # an HTTP date: the backoff instead
+        wait = float(retry_after.strip())
+    return min(wait, MAX_RETRY_WAIT_SECONDS)
 
 
 def decode(request: Request[M], reply: Reply) -> M:
@@ -326,6 +429,35 @@ def window_read(conversation_id: str, limit: int, summary: bool) -> Request[wire
     same window of the same conversation every turn, and building it again cost a share of the turn
     (docs/benchmarks.md). A request the contract refuses raises every time; errors are not cached."""
     return Requests.read(conversation_id, limit, summary, None)
+
+
+@lru_cache(maxsize=1024)
+def export_read(conversation_id: str) -> Request[wire.History]:
+    """:meth:`Requests.export` of an adapter's conversation, kept as :func:`window_read` is."""
+    return Requests.export(conversation_id, None)
+
+
+def decode_entries(request: Request[wire.History], reply: Reply) -> list[dict[str, Any]]:
+    """A read's or an export's entries as the JSON objects the answer holds (the summary first, when
+    there is one), for the framework adapters, which take each entry's ``item`` (or role and text) at once:
+    building the History model first cost more than the rest of their turn. Each must be an object with
+    a string role and content; anything else is an unexpected answer."""
+    if reply.status >= 400:
+        raise from_wire(reply.status, reply.body)
+    try:
+        data = orjson.loads(reply.body)
+        summary = data.get("summary")
+        entries = data["entries"] if summary is None else [summary, *data["entries"]]
+        for entry in entries:
+            if type(entry["role"]) is not str or type(entry["content"]) is not str:
+                raise TypeError(f"entry {entry.get('id')!r} lacks a string role and content")
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError) as exc:
+        error = SessionMemError(
+            f"unexpected answer to {request.method} {request.path} (HTTP {reply.status}): {type(exc).__name__} {exc}"
+        )
+        error.status = reply.status
+        raise error from exc
+    return cast(list[dict[str, Any]], entries)
 
 
 class WindowEntry(TypedDict):

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sessionmem_client._requests import CallOptions, Reply, Request, unreachable
+from sessionmem_client._requests import IDEMPOTENCY_KEY_HEADER, CallOptions, Reply, Request, unreachable
 from sessionmem_core.api import query_string
 from sessionmem_core.errors import InvalidRequest
-from sessionmem_infra.http_client import BlockingHttpClient, HttpClient
+from sessionmem_infra.http_client import BlockingHttpClient, HttpClient, HttpResponse
 
 if TYPE_CHECKING:
     import httpx
+
+
+IDEMPOTENCY_KEY_HEADER_BYTES = IDEMPOTENCY_KEY_HEADER.encode()
 
 
 def _target(request: Request[Any]) -> str:
@@ -75,6 +78,16 @@ class _LeanErrors:
             raise unreachable(self._options, self._request, exc) from exc
 
 
+def _lean_reply(response: HttpResponse) -> Reply:
+    if response.status < 400:
+        return Reply(response.status, response.body)
+    return Reply(response.status, response.body, response.header(b"retry-after"))
+
+
+def _httpx_reply(response: httpx.Response) -> Reply:
+    return Reply(response.status_code, response.content, response.headers.get("retry-after"))
+
+
 def _httpx_arguments(options: CallOptions, request: Request[Any]) -> dict[str, Any]:
     return {
         "method": request.method,
@@ -104,9 +117,11 @@ class LeanSync:
 
     def send(self, options: CallOptions, request: Request[Any]) -> Reply:
         headers = self._headers.of(options, request)
+        if request.idempotency_key is not None:
+            headers = (*headers, (IDEMPOTENCY_KEY_HEADER_BYTES, request.idempotency_key.encode("ascii")))
         with _LeanErrors(options, request):
-            response = self._http.request(request.method, _target(request), headers, request.body, request.idempotent)
-        return Reply(response.status, response.body)
+            response = self._http.request(request.method, _target(request), headers, request.body, request.retry_safe)
+        return _lean_reply(response)
 
     def close(self) -> None:
         self._http.close()
@@ -119,11 +134,13 @@ class LeanAsync:
 
     async def send(self, options: CallOptions, request: Request[Any]) -> Reply:
         headers = self._headers.of(options, request)
+        if request.idempotency_key is not None:
+            headers = (*headers, (IDEMPOTENCY_KEY_HEADER_BYTES, request.idempotency_key.encode("ascii")))
         with _LeanErrors(options, request):
             response = await self._http.request(
-                request.method, _target(request), headers, request.body, request.idempotent
+                request.method, _target(request), headers, request.body, request.retry_safe
             )
-        return Reply(response.status, response.body)
+        return _lean_reply(response)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -142,7 +159,7 @@ class HttpxSync:
             response = self._http.request(**_httpx_arguments(options, request))
         except (httpx.TransportError, OSError) as exc:
             raise unreachable(options, request, exc) from exc
-        return Reply(response.status_code, response.content)
+        return _httpx_reply(response)
 
     def close(self) -> None:
         if self._owned:
@@ -160,7 +177,7 @@ class HttpxAsync:
             response = await self._http.request(**_httpx_arguments(options, request))
         except (httpx.TransportError, OSError) as exc:
             raise unreachable(options, request, exc) from exc
-        return Reply(response.status_code, response.content)
+        return _httpx_reply(response)
 
     async def aclose(self) -> None:
         if self._owned:

@@ -9,26 +9,33 @@ error the server raised (``VersionConflict`` for a stale ``If-Match``, ``Invalid
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from sessionmem_client._requests import (
+    DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_SECONDS,
     CallOptions,
     EntryFields,
     EntryLike,
     M,
+    Reply,
     Request,
     Requests,
     WindowEntry,
     check_stored,
     decode,
+    decode_entries,
     decode_window,
     default_base_url,
     exchange_entries,
+    export_read,
+    retry_delay,
     window_read,
 )
 from sessionmem_client._transport import AsyncTransport, SyncTransport, async_transport, sync_transport
@@ -47,8 +54,16 @@ class _Client(Generic[_Transport]):
     """What the sync and the async client share: the options every call carries, and the transport."""
 
     def __init__(
-        self, base_url: str | None, turn: str | None, traceparent: str | None, propagate_trace_context: bool
+        self,
+        base_url: str | None,
+        turn: str | None,
+        traceparent: str | None,
+        propagate_trace_context: bool,
+        retries: int,
     ) -> None:
+        if retries < 0:
+            raise ValueError(f"retries must be 0 or more (got {retries})")
+        self._retries = retries
         self._options = CallOptions(
             base_url=base_url or default_base_url(),
             turn=turn,
@@ -98,22 +113,38 @@ class MemoryClient(_Client[SyncTransport]):
         propagate_trace_context: bool = True,
         transport: httpx.BaseTransport | None = None,
         http_client: httpx.Client | None = None,
+        retries: int = DEFAULT_RETRIES,
     ) -> None:
-        super().__init__(base_url, turn, traceparent, propagate_trace_context)
+        super().__init__(base_url, turn, traceparent, propagate_trace_context, retries)
         self._http = sync_transport(self._options.base_url, timeout, transport, http_client)
 
+    def _call(self, request: Request[M]) -> Reply:
+        """The answer to ``request``, sent again after a 429/503 as :func:`retry_delay` says."""
+        reply = self._http.send(self._options, request)
+        done = 0
+        while reply.status >= 429:
+            delay = retry_delay(request, reply, done, self._retries)
+            if delay is None:
+                break
+            time.sleep(delay)
+            done += 1
+            reply = self._http.send(self._options, request)
+        return reply
+
     def _send(self, request: Request[M]) -> M:
-        return decode(request, self._http.send(self._options, request))
+        return decode(request, self._call(request))
 
     def _read_window(self, conversation_id: str, limit: int, summary: bool) -> list[WindowEntry]:
         """:meth:`read` for the framework adapters: the entries without the History model around them."""
         request = window_read(conversation_id, limit, summary)
-        return decode_window(request, self._http.send(self._options, request))
+        return decode_window(request, self._call(request))
 
-    def _append_batch(self, conversation_id: str, entries: list[EntryFields]) -> None:
+    def _append_batch(
+        self, conversation_id: str, entries: list[EntryFields], idempotency_key: str | None = None
+    ) -> None:
         """:meth:`append` for the framework adapters: one batch, checked by the server, nothing returned."""
-        request = Requests.append_batch(conversation_id, entries)
-        check_stored(request, self._http.send(self._options, request))
+        request = Requests.append_batch(conversation_id, entries, idempotency_key)
+        check_stored(request, self._call(request))
 
     # --- one conversation ---
 
@@ -161,8 +192,44 @@ class MemoryClient(_Client[SyncTransport]):
         :class:`~sessionmem_core.errors.VersionConflict` when the conversation has moved on."""
         return self._send(Requests.replace(conversation_id, entries, if_version, traceparent))
 
-    def delete(self, conversation_id: str, *, traceparent: str | None = None) -> wire.DeleteResponse:
-        return self._send(Requests.delete(conversation_id, traceparent))
+    def _read_entries(self, conversation_id: str, limit: int | None) -> list[dict[str, Any]]:
+        """The latest ``limit`` entries (all when None, from an export) as the answer's JSON objects: what
+        the framework adapters turn into their items."""
+        request = export_read(conversation_id) if limit is None else window_read(conversation_id, limit, False)
+        return decode_entries(request, self._call(request))
+
+    def delete(
+        self, conversation_id: str, if_version: int | None = None, *, traceparent: str | None = None
+    ) -> wire.DeleteResponse:
+        """Erase the conversation; with ``if_version`` only if it is still at that version
+        (:class:`~sessionmem_core.errors.VersionConflict` otherwise)."""
+        return self._send(Requests.delete(conversation_id, traceparent, if_version))
+
+    def pop(
+        self, conversation_id: str, if_version: int | None = None, *, traceparent: str | None = None
+    ) -> wire.PopResponse:
+        """Remove the newest entry atomically and answer it (``entry`` is None when there was none). A pop
+        is a write: the version moves on. With ``if_version``: only if the conversation is at that version."""
+        return self._send(Requests.pop(conversation_id, if_version, traceparent))
+
+    def rewind(
+        self, conversation_id: str, to_version: int, if_version: int | None = None, *, traceparent: str | None = None
+    ) -> wire.RewindResponse:
+        """Drop the entries written after ``to_version`` (an entry's ``v``); the version moves on."""
+        return self._send(Requests.rewind(conversation_id, to_version, if_version, traceparent))
+
+    def fork(
+        self,
+        conversation_id: str,
+        new_conversation_id: str,
+        at_version: int | None = None,
+        *,
+        traceparent: str | None = None,
+    ) -> wire.ForkResponse:
+        """Copy the entries written at or before ``at_version`` (all when None) into a new conversation of
+        the same scope (and user bucket); :class:`~sessionmem_core.errors.ConversationExists` (409) when
+        ``new_conversation_id`` is taken."""
+        return self._send(Requests.fork(conversation_id, new_conversation_id, at_version, traceparent))
 
     def search(
         self, conversation_id: str, q: str, limit: int = 10, *, traceparent: str | None = None
@@ -218,7 +285,9 @@ class MemoryClient(_Client[SyncTransport]):
 
 class AsyncMemoryClient(_Client[AsyncTransport]):
     """Asynchronous client; the same methods as :class:`MemoryClient`, awaited. ``timeout`` here bounds
-    each whole call (connect, send, answer). Connections belong to the event loop that opened them."""
+    each attempt of a call (connect, send, answer) whatever the connection's past. Connections belong to the
+    event loop that opened them; used from another loop (``asyncio.run`` again, ``Runner.run_sync``), the
+    client opens new ones there, so one client serves any loop."""
 
     def __init__(
         self,
@@ -230,20 +299,35 @@ class AsyncMemoryClient(_Client[AsyncTransport]):
         propagate_trace_context: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
         http_client: httpx.AsyncClient | None = None,
+        retries: int = DEFAULT_RETRIES,
     ) -> None:
-        super().__init__(base_url, turn, traceparent, propagate_trace_context)
+        super().__init__(base_url, turn, traceparent, propagate_trace_context, retries)
         self._http = async_transport(self._options.base_url, timeout, transport, http_client)
 
+    async def _call(self, request: Request[M]) -> Reply:
+        reply = await self._http.send(self._options, request)
+        done = 0
+        while reply.status >= 429:
+            delay = retry_delay(request, reply, done, self._retries)
+            if delay is None:
+                break
+            await asyncio.sleep(delay)
+            done += 1
+            reply = await self._http.send(self._options, request)
+        return reply
+
     async def _send(self, request: Request[M]) -> M:
-        return decode(request, await self._http.send(self._options, request))
+        return decode(request, await self._call(request))
 
     async def _read_window(self, conversation_id: str, limit: int, summary: bool) -> list[WindowEntry]:
         request = window_read(conversation_id, limit, summary)
-        return decode_window(request, await self._http.send(self._options, request))
+        return decode_window(request, await self._call(request))
 
-    async def _append_batch(self, conversation_id: str, entries: list[EntryFields]) -> None:
-        request = Requests.append_batch(conversation_id, entries)
-        check_stored(request, await self._http.send(self._options, request))
+    async def _append_batch(
+        self, conversation_id: str, entries: list[EntryFields], idempotency_key: str | None = None
+    ) -> None:
+        request = Requests.append_batch(conversation_id, entries, idempotency_key)
+        check_stored(request, await self._call(request))
 
     async def read(
         self,
@@ -283,8 +367,34 @@ class AsyncMemoryClient(_Client[AsyncTransport]):
     ) -> wire.ReplaceResponse:
         return await self._send(Requests.replace(conversation_id, entries, if_version, traceparent))
 
-    async def delete(self, conversation_id: str, *, traceparent: str | None = None) -> wire.DeleteResponse:
-        return await self._send(Requests.delete(conversation_id, traceparent))
+    async def _read_entries(self, conversation_id: str, limit: int | None) -> list[dict[str, Any]]:
+        request = export_read(conversation_id) if limit is None else window_read(conversation_id, limit, False)
+        return decode_entries(request, await self._call(request))
+
+    async def delete(
+        self, conversation_id: str, if_version: int | None = None, *, traceparent: str | None = None
+    ) -> wire.DeleteResponse:
+        return await self._send(Requests.delete(conversation_id, traceparent, if_version))
+
+    async def pop(
+        self, conversation_id: str, if_version: int | None = None, *, traceparent: str | None = None
+    ) -> wire.PopResponse:
+        return await self._send(Requests.pop(conversation_id, if_version, traceparent))
+
+    async def rewind(
+        self, conversation_id: str, to_version: int, if_version: int | None = None, *, traceparent: str | None = None
+    ) -> wire.RewindResponse:
+        return await self._send(Requests.rewind(conversation_id, to_version, if_version, traceparent))
+
+    async def fork(
+        self,
+        conversation_id: str,
+        new_conversation_id: str,
+        at_version: int | None = None,
+        *,
+        traceparent: str | None = None,
+    ) -> wire.ForkResponse:
+        return await self._send(Requests.fork(conversation_id, new_conversation_id, at_version, traceparent))
 
     async def search(
         self, conversation_id: str, q: str, limit: int = 10, *, traceparent: str | None = None

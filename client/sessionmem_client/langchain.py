@@ -9,27 +9,26 @@
         chain, lambda conversation_id: SessionmemChatMessageHistory(conversation_id, memory), ...
     )
 
-What is stored: ``HumanMessage`` -> ``user``, ``AIMessage`` -> ``assistant``, ``SystemMessage`` -> ``system``
-(and a ``ChatMessage`` whose role is one of those). Tool traffic is skipped: ``ToolMessage`` and
-``FunctionMessage``, and an ``AIMessage`` that carries tool calls (the model's intermediate step, whose
-final answer comes in a later ``AIMessage``). sessionmem keeps the clean {user, assistant} exchange, never
-tool-call scratch; replaying a tool call without its result would also make most chat models reject the
-history. Messages are stored as their text (``message.text``); a message without text is skipped. A
-message's ``id`` is kept as the entry id when it satisfies the id rule, so an ``add_messages`` retried
-with the same messages is stored once; messages read back carry their entry ids.
+What is stored: every message as given, one entry per message: its ``message_to_dict`` form (the entry's
+``item``: type, content and content blocks, ``id``, ``name``, ``tool_calls``, ``tool_call_id``,
+``additional_kwargs``, ``response_metadata``, ``usage_metadata``), its role (``user``, ``assistant``,
+``system``, ``tool``, ``function``, or a ``ChatMessage``'s own role) and its text. ``messages`` returns
+every message (not a window) equal to what was added, tool traffic and empty messages included.
 
-Each ``add_messages`` call is one atomic append (up to 64 messages; a larger batch is split into atomic
-appends of 64).
+Each ``add_messages`` call is one atomic append per 64 messages, sent with an ``Idempotency-Key`` of its
+own: the client's retries (of a 429 or a dropped connection) store it once, whatever the message ids.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from sessionmem_client._requests import EntryFields, WindowEntry, new_entry
+from sessionmem_client._requests import EntryFields
 from sessionmem_client.client import AsyncMemoryClient, MemoryClient
-from sessionmem_core import env, wire
-from sessionmem_core.ids import is_valid_id, validate_conversation_id
+from sessionmem_core import env
+from sessionmem_core.ids import new_message_id, validate_conversation_id
 
 try:
     from langchain_core.chat_history import BaseChatMessageHistory
@@ -37,86 +36,58 @@ try:
         AIMessage,
         BaseMessage,
         ChatMessage,
-        FunctionMessage,
         HumanMessage,
         SystemMessage,
-        ToolMessage,
+        message_to_dict,
+        messages_from_dict,
     )
 except ImportError as exc:  # pragma: no cover - exercised only without langchain-core
     raise ImportError("sessionmem_client.langchain needs langchain-core: pip install langchain-core") from exc
 
 __all__ = ["SessionmemChatMessageHistory", "entry_to_message", "message_to_entry"]
 
-_CHAT_ROLES = {
-    "user": wire.Role.USER,
-    "human": wire.Role.USER,
-    "assistant": wire.Role.ASSISTANT,
-    "ai": wire.Role.ASSISTANT,
-    "system": wire.Role.SYSTEM,
-}
+_ROLE = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]{0,63}$")
+# A message's type -> the entry's role (the chat roles the managed loop and search know).
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "function"}
 
 
-def _role(message: BaseMessage) -> wire.Role | None:
-    if isinstance(message, (ToolMessage, FunctionMessage)):
-        return None
-    if isinstance(message, HumanMessage):
-        return wire.Role.USER
-    if isinstance(message, AIMessage):
-        return None if message.tool_calls else wire.Role.ASSISTANT
-    if isinstance(message, SystemMessage):
-        return wire.Role.SYSTEM
-    if isinstance(message, ChatMessage):
-        return _CHAT_ROLES.get(message.role.lower())
-    return None
+def _role(message: BaseMessage) -> str:
+    if isinstance(message, ChatMessage) and _ROLE.match(message.role):
+        return message.role
+    role = _ROLES.get(message.type.removesuffix("Chunk").lower().removesuffix("message"), message.type)
+    return role if _ROLE.match(role) else "message"
 
 
-def message_to_entry(message: BaseMessage) -> wire.EntryIn | None:
-    """The entry a message is stored as, or None for a message that is not stored (see the module doc);
-    :class:`~sessionmem_core.errors.InvalidRequest` for a message the contract refuses (too long)."""
-    stored = _stored_as(message)
-    return None if stored is None else new_entry(*stored)
+def message_to_entry(message: BaseMessage) -> EntryFields:
+    """The entry a message is stored as: its dict form, its role and its text."""
+    return {
+        "role": _role(message),
+        "content": str(message.text)[: env.MAX_CONTENT_CHARS],
+        "item": message_to_dict(message),
+    }
 
 
-def _stored_as(message: BaseMessage) -> tuple[wire.Role, str, str | None] | None:
-    """The role, text and id a message is stored with, or None (what :func:`message_to_entry` maps)."""
-    role = _role(message)
-    if role is None:
-        return None
-    text = str(message.text)
-    if not text:
-        return None
-    return role, text, message.id if message.id and is_valid_id(message.id) else None
-
-
-def entry_to_message(entry: wire.Entry) -> BaseMessage:
-    return _message(entry.role, entry.content, entry.id)
-
-
-def _message(role: str, content: str, entry_id: str) -> BaseMessage:
-    if role == wire.Role.USER:
+def entry_to_message(entry: Mapping[str, Any]) -> BaseMessage:
+    """The message an entry holds; an entry written without one (by an older client, or the managed loop)
+    reads as a message of its role and text, with the entry's id."""
+    item = entry.get("item")
+    if isinstance(item, dict) and "type" in item and "data" in item:
+        return messages_from_dict([item])[0]
+    role, content, entry_id = entry["role"], entry["content"], entry.get("id")
+    if role == "user":
         return HumanMessage(content=content, id=entry_id)
-    if role == wire.Role.ASSISTANT:
+    if role == "assistant":
         return AIMessage(content=content, id=entry_id)
-    return SystemMessage(content=content, id=entry_id)
+    if role == "system":
+        return SystemMessage(content=content, id=entry_id)
+    return ChatMessage(role=role, content=content, id=entry_id)
 
 
-def _messages(window: list[WindowEntry]) -> list[BaseMessage]:
-    return [_message(e["role"], e["content"], e["id"]) for e in window]
-
-
-def _fields(role: wire.Role, text: str, entry_id: str | None) -> EntryFields:
-    fields: EntryFields = {"role": role.value, "content": text}
-    if entry_id is not None:
-        fields["id"] = entry_id
-    return fields
-
-
-def _batches(messages: Sequence[BaseMessage]) -> list[list[EntryFields]]:
-    """The appends of ``add_messages``, checked by the server: a message it refuses (too long) raises its
-    InvalidRequest, and nothing of that batch is stored."""
-    entries = [_fields(*stored) for stored in (_stored_as(m) for m in messages) if stored is not None]
-    size = env.MAX_ENTRIES_PER_APPEND
-    return [entries[i : i + size] for i in range(0, len(entries), size)]
+def _batches(messages: Sequence[BaseMessage]) -> list[tuple[list[EntryFields], str]]:
+    """The appends of one ``add_messages`` call and their idempotency keys."""
+    entries = [message_to_entry(m) for m in messages]
+    key, size = new_message_id(), env.MAX_ENTRIES_PER_APPEND
+    return [(entries[i : i + size], f"{key}.{n}") for n, i in enumerate(range(0, len(entries), size))]
 
 
 class SessionmemChatMessageHistory(BaseChatMessageHistory):
@@ -126,8 +97,7 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
     ``aadd_messages``, ``aclear``); give either or both. Without an async client the async methods run
     the sync ones in an executor (LangChain's default); without a sync client the sync methods raise.
     With neither, a :class:`MemoryClient` for the pod's launcher is made (and owned: see :meth:`close`).
-    ``window``: how many of the latest entries ``messages`` returns (default 40, the replay window).
-    ``include_summary``: put the conversation's rolling summary, when there is one, first.
+    ``window``: how many of the latest messages ``messages`` returns (None, the default: all).
     """
 
     def __init__(
@@ -136,8 +106,7 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
         client: MemoryClient | None = None,
         *,
         async_client: AsyncMemoryClient | None = None,
-        window: int = env.DEFAULT_REPLAY_MESSAGES,
-        include_summary: bool = False,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         self.conversation_id = validate_conversation_id(conversation_id)
@@ -147,30 +116,36 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
         self._client = client
         self._async_client = async_client
         self.window = window
-        self.include_summary = include_summary
 
     def _sync(self) -> MemoryClient:
         if self._client is None:
             raise RuntimeError("this history has only an async client: use aget_messages/aadd_messages/aclear")
         return self._client
 
+    def _window(self) -> int | None:
+        return None if self.window is None or self.window > env.MAX_READ_LIMIT else self.window
+
+    def _select(self, entries: list[dict[str, Any]]) -> list[BaseMessage]:
+        if self.window is not None:
+            entries = entries[-self.window :] if self.window else []
+        return [entry_to_message(entry) for entry in entries]
+
     @property
     def messages(self) -> list[BaseMessage]:
-        """The latest ``window`` messages, oldest first (one read)."""
-        return _messages(self._sync()._read_window(self.conversation_id, self.window, self.include_summary))
+        """Every message (the latest ``window`` when set), oldest first, as added (one read)."""
+        return self._select(self._sync()._read_entries(self.conversation_id, self._window()))
 
     @messages.setter
     def messages(self, messages: Sequence[BaseMessage]) -> None:
-        """Assigning replaces the stored history with these messages (clears it when none is stored)."""
-        entries = [e for e in (message_to_entry(m) for m in messages) if e is not None]
-        if entries:
-            self._sync().replace(self.conversation_id, entries)
+        """Assigning replaces the stored history with these messages (clears it when there are none)."""
+        if messages:
+            self._sync().replace(self.conversation_id, [message_to_entry(m) for m in messages])
         else:
             self._sync().delete(self.conversation_id)
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
-        for batch in _batches(messages):
-            self._sync()._append_batch(self.conversation_id, batch)
+        for batch, key in _batches(messages):
+            self._sync()._append_batch(self.conversation_id, batch, key)
 
     def clear(self) -> None:
         self._sync().delete(self.conversation_id)
@@ -178,14 +153,14 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
     async def aget_messages(self) -> list[BaseMessage]:
         if self._async_client is None:
             return await super().aget_messages()
-        return _messages(await self._async_client._read_window(self.conversation_id, self.window, self.include_summary))
+        return self._select(await self._async_client._read_entries(self.conversation_id, self._window()))
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
         if self._async_client is None:
             await super().aadd_messages(messages)
             return
-        for batch in _batches(messages):
-            await self._async_client._append_batch(self.conversation_id, batch)
+        for batch, key in _batches(messages):
+            await self._async_client._append_batch(self.conversation_id, batch, key)
 
     async def aclear(self) -> None:
         if self._async_client is None:
@@ -197,6 +172,15 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
         """Close the client this history made itself (clients passed in are the caller's to close)."""
         if self._owned is not None:
             self._owned.close()
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to any chat history holding equal messages, as LangChain's own histories compare (one read
+        of each)."""
+        if not isinstance(other, BaseChatMessageHistory):
+            return NotImplemented
+        return self.messages == other.messages
+
+    __hash__ = None  # type: ignore[assignment]  # equal by what it holds, which changes
 
     def __repr__(self) -> str:
         return f"SessionmemChatMessageHistory(conversation_id={self.conversation_id!r})"

@@ -7,181 +7,167 @@
     memory = AsyncMemoryClient()
     result = await Runner.run(agent, "Hi", session=SessionmemSession(conversation_id, memory))
 
-What is stored: message items only, as text. ``{"role": "user", "content": ...}`` -> ``user``;
-``assistant`` messages (easy input messages, and the model's output messages with ``output_text`` /
-``refusal`` parts) -> ``assistant``; ``system`` and ``developer`` messages -> ``system``. A list content keeps
-its text parts (``input_text``/``output_text``/``refusal``); images, files and audio are dropped, and a message
-left without text is skipped. Every other item is skipped, not stored as text: function/tool calls and
-their outputs, reasoning, hosted-tool calls, handoffs, MCP items, and assistant ``commentary`` (phase)
-messages. sessionmem keeps the clean {user, assistant} exchange, never tool-call scratch; and a tool call
-replayed without its output (or the reverse) makes the Responses API reject the input, so storing only
-half of them, or a textual stand-in, would break the next turn. Items read back are easy input messages
-``{"role": ..., "content": "..."}``.
+What is stored: every item as given, one entry per item (the entry's ``item``): messages of every role,
+function and hosted-tool calls and their outputs, reasoning (with its ``encrypted_content``), handoffs, MCP
+items, ``EncryptedSession`` envelopes. ``get_items`` returns the items JSON-equal to what was added, so the
+next turn's model input is what it would be with the SDK's own sessions, tool traffic included. The entry's
+``role`` is the item's role, or its ``type`` for items without one (``function_call``); its ``content`` is
+the item's text (message text parts, a tool output, reasoning summaries), which sessionmem's search, token
+budgets and summaries use.
 
-Item ids are not kept as entry ids: the store treats a batch whose first id is already stored as a retry
-and drops it, and several model back-ends reuse one placeholder id for every message (the Runner already
-tracks which items it saved).
-
-``pop_item`` reads the whole conversation (export) and replaces it without its last entry, conditional on
-the version it read (``If-Match``), re-reading and retrying when another writer got there first; so it never
-erases a concurrent append. Popping the only entry deletes the conversation, which the memory API cannot
-make conditional.
+Conventions are the SDK's sessions': ``get_items()`` returns every item unless ``session_settings.limit``
+(a ``SessionSettings`` or its dict form) or an explicit ``limit`` says otherwise. Each ``add_items`` call is
+one atomic append per 64 items, sent with an ``Idempotency-Key`` of its own, so the client's retries store
+it once whatever the item ids (items may repeat ids; the store keeps them as given). ``pop_item`` is the
+memory API's atomic ``pop``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
-from sessionmem_client._requests import EntryFields, new_entry
+from sessionmem_client._requests import EntryFields
 from sessionmem_client.client import AsyncMemoryClient
-from sessionmem_core import env, wire
-from sessionmem_core.errors import VersionConflict
-from sessionmem_core.ids import validate_conversation_id
+from sessionmem_core import env
+from sessionmem_core.ids import new_message_id, validate_conversation_id
 
 try:
     from agents.items import TResponseInputItem
     from agents.memory import SessionSettings
+    from agents.memory.session_settings import coerce_session_settings, resolve_session_limit
     from openai.types.responses import EasyInputMessageParam
 except ImportError as exc:  # pragma: no cover - exercised only without openai-agents
     raise ImportError("sessionmem_client.openai_agents needs the OpenAI Agents SDK: pip install openai-agents") from exc
 
 __all__ = ["SessionmemSession", "entry_to_item", "item_to_entry"]
 
-_ROLES = {
-    "user": wire.Role.USER,
-    "assistant": wire.Role.ASSISTANT,
-    "system": wire.Role.SYSTEM,
-    "developer": wire.Role.SYSTEM,
-}
-_TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
-_ITEM_ROLES: dict[wire.Role, Literal["user", "assistant", "system"]] = {
-    wire.Role.USER: "user",
-    wire.Role.ASSISTANT: "assistant",
-    wire.Role.SYSTEM: "system",
-}
-_POP_ATTEMPTS = 5
+_ROLE = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]{0,63}$")
+_UNTYPED_ROLE = "message"  # an item with neither (an EncryptedSession envelope)
+_TEXT_FIELDS = ("text", "refusal", "transcript")
 
 
-def _as_mapping(item: object) -> Mapping[str, Any] | None:
-    if isinstance(item, Mapping):
+def _as_dict(item: object) -> dict[str, Any]:
+    """The item's JSON object: a dict as given, an SDK/openai pydantic model as its dict form."""
+    if isinstance(item, dict):
         return item
-    dump = getattr(item, "model_dump", None)  # an SDK/openai pydantic model instead of its dict form
+    if isinstance(item, Mapping):
+        return dict(item)
+    dump = getattr(item, "model_dump", None)
     if callable(dump):
-        data = dump(exclude_unset=True)
-        return data if isinstance(data, Mapping) else None
-    return None
+        data = dump(exclude_unset=True, mode="json")
+        if isinstance(data, dict):
+            return data
+    raise TypeError(f"a session item is a JSON object, not {type(item).__name__}")
 
 
-def _text(content: object) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, Sequence):
+def _text(value: object) -> str:
+    """The text of a content or output field: a string, or the text of its parts."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, Sequence):
         return ""
     texts: list[str] = []
-    for part in content:
-        data = _as_mapping(part)
-        field = _TEXT_PARTS.get(str(data.get("type"))) if data is not None else None
-        if data is not None and field is not None and isinstance(data.get(field), str):
-            texts.append(data[field])
-    return "".join(texts)
+    for part in value:
+        if isinstance(part, Mapping):
+            for field in _TEXT_FIELDS:
+                text = part.get(field)
+                if isinstance(text, str):
+                    texts.append(text)
+                    break
+    return "\n".join(texts)
 
 
-def item_to_entry(item: TResponseInputItem | Mapping[str, Any]) -> wire.EntryIn | None:
-    """The entry an SDK item is stored as, or None for an item that is not stored (see the module doc);
-    :class:`~sessionmem_core.errors.InvalidRequest` for an item the contract refuses (too long)."""
-    stored = _stored_as(item)
-    return None if stored is None else new_entry(*stored)
+def _item_text(data: Mapping[str, Any]) -> str:
+    if "content" in data:
+        return _text(data["content"])
+    if "output" in data:
+        return _text(data["output"])
+    if "summary" in data:  # reasoning
+        return _text(data["summary"])
+    arguments = data.get("arguments")  # a tool call: its arguments are what a search would look for
+    return arguments if isinstance(arguments, str) else ""
 
 
-def _stored_as(item: object) -> tuple[wire.Role, str] | None:
-    """The role and text an item is stored with, or None (what :func:`item_to_entry` maps)."""
-    data = _as_mapping(item)
-    if data is None or data.get("type", "message") != "message":
-        return None
-    role = _ROLES.get(str(data.get("role")))
-    if role is None or (role is wire.Role.ASSISTANT and data.get("phase") == "commentary"):
-        return None
-    text = _text(data.get("content"))
-    if not text:
-        return None
-    return role, text
+def _role(data: Mapping[str, Any]) -> str:
+    for field in ("role", "type"):
+        value = data.get(field)
+        if isinstance(value, str) and _ROLE.match(value):
+            return value
+    return _UNTYPED_ROLE
 
 
-def entry_to_item(entry: wire.Entry) -> TResponseInputItem:
-    item: EasyInputMessageParam = {"role": _ITEM_ROLES[wire.Role(entry.role)], "content": entry.content}
-    return item
+def item_to_entry(item: object) -> EntryFields:
+    """The entry an item is stored as: the item itself, its role (or type) and its text."""
+    data = _as_dict(item)
+    return {"role": _role(data), "content": _item_text(data)[: env.MAX_CONTENT_CHARS], "item": data}
+
+
+def entry_to_item(entry: Mapping[str, Any]) -> TResponseInputItem:
+    """The item an entry holds; an entry written without one (by an older client, or the managed loop)
+    reads as an easy input message of its role and text."""
+    item = entry.get("item")
+    if isinstance(item, dict):
+        return item  # type: ignore[return-value]  # stored as the SDK gave it
+    message: EasyInputMessageParam = {"role": entry["role"], "content": entry["content"]}
+    return message
 
 
 class SessionmemSession:
     """One sessionmem conversation as an Agents SDK session (``session_id`` is the conversation id).
 
-    ``window``: the ``SessionSettings.limit`` the Runner reads history with (default 40, sessionmem's replay
-    window; None replays the whole stored conversation). ``session_settings`` overrides it entirely.
-    ``include_summary``: put the rolling summary, when there is one, before a windowed history.
+    ``session_settings``: the SDK's ``SessionSettings`` (or its dict form); its ``limit`` is how many of the
+    latest items ``get_items()`` returns (None, the default: all). An invalid conversation id raises
+    :class:`~sessionmem_core.errors.InvalidConversationId`, a ``ValueError``.
     """
+
+    session_settings: SessionSettings | None = None
 
     def __init__(
         self,
-        conversation_id: str,
+        session_id: str,
         client: AsyncMemoryClient | None = None,
         *,
-        window: int | None = env.DEFAULT_REPLAY_MESSAGES,
-        session_settings: SessionSettings | None = None,
-        include_summary: bool = False,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
     ) -> None:
-        self.session_id = validate_conversation_id(conversation_id)
-        self.session_settings: SessionSettings | None = (
-            session_settings if session_settings is not None else SessionSettings(limit=window)
+        self.session_id = validate_conversation_id(session_id)
+        self.session_settings = (
+            coerce_session_settings(session_settings) if session_settings is not None else SessionSettings()
         )
         self._owned: AsyncMemoryClient | None = None
         if client is None:
             client = self._owned = AsyncMemoryClient()
         self.client = client
-        self.include_summary = include_summary
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
-        """The latest ``limit`` items, oldest first; all stored items when ``limit`` is None."""
-        if limit is not None and limit <= 0:
+        """The latest ``limit`` items (``session_settings.limit`` when None; all when both are None),
+        oldest first, as they were added."""
+        wanted = resolve_session_limit(limit, self.session_settings)
+        if wanted is not None and wanted <= 0:
             return []
-        if limit is not None and limit <= env.MAX_READ_LIMIT:
-            window = await self.client._read_window(self.session_id, limit, self.include_summary)
-            # A checked role of the wire is an item role already ("user", "assistant", "system").
-            return [{"role": e["role"], "content": e["content"]} for e in window]
-        entries = (await self.client.export(self.session_id)).entries
-        if limit is not None:
-            entries = entries[-limit:]
-        return [entry_to_item(e) for e in entries]
+        window = wanted if wanted is not None and wanted <= env.MAX_READ_LIMIT else None
+        entries = await self.client._read_entries(self.session_id, window)
+        if wanted is not None and window is None:
+            entries = entries[-wanted:]
+        return [entry_to_item(entry) for entry in entries]
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
-        """Store the message items of ``items`` (one atomic append per 64 entries); the rest is skipped.
-        An item the server refuses (too long) raises its InvalidRequest, and nothing of its batch is stored."""
-        entries: list[EntryFields] = [
-            {"role": stored[0].value, "content": stored[1]}
-            for stored in (_stored_as(item) for item in items)
-            if stored is not None
-        ]
+        """Store ``items`` as given: one atomic append per 64 items, each with its own idempotency key."""
+        if not items:
+            return
+        entries = [item_to_entry(item) for item in items]
+        key = new_message_id()
         size = env.MAX_ENTRIES_PER_APPEND
-        for start in range(0, len(entries), size):
-            await self.client._append_batch(self.session_id, entries[start : start + size])
+        for batch, start in enumerate(range(0, len(entries), size)):
+            await self.client._append_batch(self.session_id, entries[start : start + size], f"{key}.{batch}")
 
     async def pop_item(self) -> TResponseInputItem | None:
-        """Remove and return the newest item (None when the conversation is empty), conditionally on the
-        version read: a concurrent write makes it re-read and pop the then-newest item."""
-        for _ in range(_POP_ATTEMPTS):
-            history = await self.client.export(self.session_id)
-            if not history.entries:
-                return None
-            *rest, last = history.entries
-            try:
-                if rest:
-                    await self.client.replace(self.session_id, rest, if_version=history.version)
-                else:
-                    await self.client.delete(self.session_id)
-            except VersionConflict:
-                continue
-            return entry_to_item(last)
-        raise VersionConflict(f"pop_item: conversation kept changing ({_POP_ATTEMPTS} attempts)")
+        """Remove and return the newest item (None when there is none), atomically."""
+        popped = await self.client.pop(self.session_id)
+        if popped.entry is None:
+            return None
+        return entry_to_item(popped.entry.model_dump(by_alias=True, exclude_none=True))
 
     async def clear_session(self) -> None:
         await self.client.delete(self.session_id)
@@ -190,6 +176,9 @@ class SessionmemSession:
         """Close the client this session made itself (a client passed in is the caller's to close)."""
         if self._owned is not None:
             await self._owned.aclose()
+
+    async def close(self) -> None:
+        await self.aclose()
 
     def __repr__(self) -> str:
         return f"SessionmemSession(session_id={self.session_id!r})"

@@ -31,7 +31,10 @@ class InvalidRequest(SessionMemError):
     status = 400
 
 
-class InvalidConversationId(InvalidRequest):
+class InvalidConversationId(InvalidRequest, ValueError):
+    """Also a ValueError: frameworks built on the client (agent sessions, chat histories) document and
+    test a bad session id as one."""
+
     error_type = "invalid_conversation_id"
 
 

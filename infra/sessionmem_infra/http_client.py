@@ -14,6 +14,7 @@ deduplicates). What it does besides answering (connecting, retrying, failing) it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import ssl
@@ -163,6 +164,13 @@ class _Origin:
         return head + body if body else head
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class _Connection(asyncio.Protocol):
     """One pooled connection. A protocol rather than asyncio streams: a stream read allocates a waiter
     and copies into its buffer on every chunk, this sets one future per answer.
@@ -172,9 +180,11 @@ class _Connection(asyncio.Protocol):
     cancelled timers. When the timer fires it either expires the exchange under way, if that one is past its
     deadline, or re-arms for it; with no exchange under way it lapses."""
 
-    __slots__ = ("_answered", "_deadline", "_reader", "_timer", "closed", "transport")
+    __slots__ = ("_answered", "_deadline", "_reader", "_timer", "closed", "loop", "transport")
 
     def __init__(self) -> None:
+        # The loop the connection was opened in: its transport and timer belong to that loop only.
+        self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._reader: _ResponseReader | None = None
@@ -187,16 +197,23 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def exchange(
-        self, message: bytes, timeout: float | None, max_answer_bytes: int
+        self, message: bytes, deadline: float | None, max_answer_bytes: int
     ) -> tuple[_ResponseReader, asyncio.Future[None]]:
+        """Send ``message``; the answer is awaited on the returned future, which fails with
+        :class:`HttpTimeout` at ``deadline`` (the loop's clock)."""
         assert self.transport is not None
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         self._reader = reader = _new_reader(max_answer_bytes)
         self._answered = answered = loop.create_future()
-        if timeout is not None:
-            self._deadline = loop.time() + timeout
-            if self._timer is None:
-                self._timer = loop.call_at(self._deadline, self._check_deadline)
+        if deadline is not None:
+            self._deadline = deadline
+            timer = self._timer
+            # A timer left by an earlier exchange re-arms itself for this one when it fires, unless it
+            # would fire after this deadline (then it is replaced): either way this exchange is bounded.
+            if timer is None or timer.when() > deadline:
+                if timer is not None:
+                    timer.cancel()
+                self._timer = loop.call_at(deadline, self._check_deadline)
         self.transport.write(message)
         return reader, answered
 
@@ -204,7 +221,7 @@ class _Connection(asyncio.Protocol):
         self._timer = None
         if self._answered is None:
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         if loop.time() >= self._deadline:
             self._settle(HttpTimeout("no answer in time"))
             self.close()
@@ -246,10 +263,26 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        loop = self.loop
+        if not loop.is_closed() and _running_loop() is not loop:
+            # Dropped from another loop's thread: the transport is closed by its own loop.
+            loop.call_soon_threadsafe(self._close_now)
+            return
+        self._close_now()
+
+    def _close_now(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self.transport is not None:
+            if self.loop.is_closed():
+                # Its loop is gone (asyncio.run returned) and cannot run the transport's close: shut the
+                # socket down so the peer sees the end now; its descriptor goes with the transport.
+                sock = self.transport.get_extra_info("socket")
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                return
             self.transport.close()
 
 
@@ -289,13 +322,16 @@ class HttpClient:
         turns out closed; None: as its method says (``IDEMPOTENT_METHODS``)."""
         message = self._origin.message(method, target, headers, body)
         retryable = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
+        loop = asyncio.get_running_loop()
+        # One deadline for the whole call (connecting, a resend, the answer): never waits past the timeout.
+        deadline = None if self._timeout is None else loop.time() + self._timeout
         for attempt in (0, 1):
-            connection = self._pooled()
+            connection = self._pooled(loop)
             reused = connection is not None
             if connection is None:
-                connection = await self._connect()
+                connection = await self._connect(loop, deadline)
             try:
-                reader, answered = connection.exchange(message, self._timeout, self._max_answer_bytes)
+                reader, answered = connection.exchange(message, deadline, self._max_answer_bytes)
                 await answered
                 response, keep = reader.response()
             except (*_PEER_ERRORS, _NothingReceived) as exc:
@@ -320,18 +356,29 @@ class HttpClient:
             return response
         raise HttpError(f"{method} {target}: connection closed")  # pragma: no cover - loop always returns
 
-    def _pooled(self) -> _Connection | None:
-        while self._idle:
-            connection = self._idle.pop()
+    def _pooled(self, loop: asyncio.AbstractEventLoop) -> _Connection | None:
+        """An idle connection of this event loop. A connection belongs to the loop that opened it (its
+        transport and timer run there): called from another loop (``asyncio.run`` again, a framework's
+        ``run_sync``), the pool is of no use and is dropped."""
+        idle = self._idle
+        while idle:
+            connection = idle.pop()
+            if connection.loop is not loop:
+                connection.close()
+                self._drop_idle()
+                return None
             if not connection.closed:  # the peer may have closed it while it sat idle
                 return connection
         return None
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self, loop: asyncio.AbstractEventLoop, deadline: float | None) -> _Connection:
         origin = self._origin
-        loop = asyncio.get_running_loop()
+        connect_timeout = self._connect_timeout
+        if deadline is not None:
+            left = max(0.0, deadline - loop.time())
+            connect_timeout = left if connect_timeout is None else min(connect_timeout, left)
         try:
-            async with asyncio.timeout(self._connect_timeout):
+            async with asyncio.timeout(connect_timeout):
                 _, connection = await loop.create_connection(
                     _Connection,
                     origin.host,

@@ -4,13 +4,24 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
-from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+    message_to_dict,
+    messages_from_dict,
+)
 from langchain_core.prompt_values import PromptValue
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables import RunnableLambda
@@ -21,12 +32,16 @@ from sessionmem_client import (
     InvalidConversationId,
     InvalidRequest,
     MemoryClient,
+    PayloadTooLarge,
     new_conversation_id,
 )
-from sessionmem_client.langchain import SessionmemChatMessageHistory, message_to_entry
-from sessionmem_core import env, wire
+from sessionmem_client.langchain import SessionmemChatMessageHistory, entry_to_message, message_to_entry
+from sessionmem_core import env
 from sessionmem_core.keys import Owner, session_key
 from sessionmem_launcher.server import Launcher
+from tests.conftest import launcher_settings
+from tests.support.processes import dev_proxy
+from tests.support.serving import serve_in_background
 from tests.support.valkey import ValkeyProcess
 
 # RunnableWithMessageHistory is deprecated since langchain-core 1.3.3 (in favour of LangGraph persistence)
@@ -141,54 +156,59 @@ async def test_a_multi_turn_conversation_is_kept_in_sessionmem_async(
 
     messages = await asyncio.to_thread(cold_read)
     assert [type(m) for m in messages] == [HumanMessage, AIMessage, HumanMessage, AIMessage]
-    assert [m.id for m in messages] == [e["id"] for e in raw], "messages carry their entry ids"
+    assert messages == messages_from_dict([e["item"] for e in raw]), "the messages as they were added"
 
 
-async def test_tool_traffic_is_skipped_and_the_exchange_is_one_append(
+TOOL_TURN: list[BaseMessage] = [
+    SystemMessage("Answer about orders."),
+    HumanMessage("Where is order 66?", id="h-1", additional_kwargs={"channel": "web"}),
+    AIMessage(
+        "",
+        id="run-1",
+        tool_calls=[{"name": "order_status", "args": {"id": "66"}, "id": "call_1"}],
+        response_metadata={"model_name": "fake", "finish_reason": "tool_calls"},
+        usage_metadata={"input_tokens": 12, "output_tokens": 3, "total_tokens": 15},
+    ),
+    ToolMessage("ships tomorrow", tool_call_id="call_1", name="order_status", artifact={"eta": "tomorrow"}),
+    AIMessage([{"type": "text", "text": "Order 66 "}, {"type": "text", "text": "ships tomorrow."}], name="support"),
+    ChatMessage(role="critic", content="fine"),
+    HumanMessage(""),
+]
+
+
+async def test_every_message_type_is_kept_as_given_in_one_append(
     launcher: Launcher, valkey_server: ValkeyProcess
 ) -> None:
     cid = new_conversation_id()
     async with AsyncMemoryClient(memory_url(launcher)) as memory:
         history = SessionmemChatMessageHistory(cid, async_client=memory)
-        await history.aadd_messages(
-            [
-                SystemMessage("Answer about orders."),
-                HumanMessage("Where is order 66?"),
-                AIMessage("", tool_calls=[{"name": "order_status", "args": {"id": "66"}, "id": "call_1"}]),
-                ToolMessage("ships tomorrow", tool_call_id="call_1"),
-                AIMessage([{"type": "text", "text": "Order 66 "}, {"type": "text", "text": "ships tomorrow."}]),
-                ChatMessage(role="tool", content="not a chat role we store"),
-            ]
-        )
-        assert [(m.type, str(m.text)) for m in await history.aget_messages()] == [
-            ("system", "Answer about orders."),
-            ("human", "Where is order 66?"),
-            ("ai", "Order 66 ships tomorrow."),
-        ]
-        await history.aadd_messages([ToolMessage("only scratch", tool_call_id="call_2")])  # nothing to store
+        await history.aadd_messages(TOOL_TURN)
+        assert await history.aget_messages() == TOOL_TURN, "tool calls, tool results, metadata, empty text"
         raw = stored(valkey_server, cid)
-        assert [e["role"] for e in raw] == ["system", "user", "assistant"] and {e["v"] for e in raw} == {1}
+        assert [e["role"] for e in raw] == ["system", "user", "assistant", "tool", "assistant", "critic", "user"]
+        assert [e["content"] for e in raw][3:5] == ["ships tomorrow", "Order 66 ships tomorrow."]
+        assert {e["v"] for e in raw} == {1}, "one atomic append"
         await history.aclear()
     assert stored(valkey_server, cid) == []
 
 
-async def test_retried_messages_are_stored_once_and_sync_methods_work(
-    launcher: Launcher, valkey_server: ValkeyProcess
-) -> None:
+async def test_messages_are_all_of_them_and_sync_methods_work(launcher: Launcher, valkey_server: ValkeyProcess) -> None:
     cid = new_conversation_id()
+    total = env.DEFAULT_REPLAY_MESSAGES + 20
 
     def scenario() -> None:
         with MemoryClient(memory_url(launcher)) as memory:
-            history = SessionmemChatMessageHistory(cid, memory, window=2)
-            batch: list[BaseMessage] = [HumanMessage("q1", id="m1"), AIMessage("a1", id="m2")]
+            history = SessionmemChatMessageHistory(cid, memory)
+            batch: list[BaseMessage] = [HumanMessage("q1", id="m1"), AIMessage("a1", id="m1")]
             history.add_messages(batch)
-            history.add_messages(batch)  # a retry: the ids are already stored
-            history.add_user_message("q2")
-            history.add_ai_message("a2")
-            assert len(stored(valkey_server, cid)) == 4
-            assert roles_and_texts(history.messages) == [("human", "q2"), ("ai", "a2")], "window of 2"
+            history.add_messages(batch)  # another call: stored again, ids kept as given (they may repeat)
+            assert history.messages == batch + batch
+            for n in range(total - 4):
+                history.add_user_message(f"q{n}")
+            assert len(history.messages) == total, "every message, not a replay window"
+            assert len(SessionmemChatMessageHistory(cid, memory, window=2).messages) == 2
             history.messages = [SystemMessage("seeded")]  # assigning replaces the stored history
-            assert [(e["role"], e["content"]) for e in stored(valkey_server, cid)] == [("system", "seeded")]
+            assert history.messages == [SystemMessage("seeded")]
             history.clear()
             assert history.messages == []
 
@@ -209,14 +229,14 @@ async def test_async_methods_fall_back_to_the_sync_client(launcher: Launcher, va
         await asyncio.to_thread(memory.close)
 
 
-async def test_a_message_too_long_to_store_is_a_typed_error_and_nothing_of_the_batch_is_stored(
+async def test_a_message_too_large_to_store_is_a_typed_error_and_nothing_of_the_batch_is_stored(
     launcher: Launcher, valkey_server: ValkeyProcess
 ) -> None:
     cid = new_conversation_id()
     async with AsyncMemoryClient(memory_url(launcher)) as memory:
         history = SessionmemChatMessageHistory(cid, async_client=memory)
-        with pytest.raises(InvalidRequest, match="content"):
-            await history.aadd_messages([HumanMessage("fits"), AIMessage("x" * (env.MAX_CONTENT_CHARS + 1))])
+        with pytest.raises((InvalidRequest, PayloadTooLarge)):
+            await history.aadd_messages([HumanMessage("fits"), AIMessage("x" * (1 << 20))])
         assert stored(valkey_server, cid) == []
 
 
@@ -230,17 +250,49 @@ def test_an_async_only_history_refuses_sync_calls_and_bad_ids_fail_early() -> No
 
 
 def test_message_mapping() -> None:
-    def entry(message: BaseMessage) -> tuple[str, str, str | None] | None:
-        mapped = message_to_entry(message)
-        return None if mapped is None else (mapped.role, mapped.content, mapped.id)
+    assert message_to_entry(HumanMessage("hi", id="m-1")) == {
+        "role": "user",
+        "content": "hi",
+        "item": message_to_dict(HumanMessage("hi", id="m-1")),
+    }
+    roles = [message_to_entry(m)["role"] for m in TOOL_TURN]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "critic", "user"]
+    assert [
+        entry_to_message({"role": m["role"], "content": "x", "item": m["item"]})
+        for m in map(message_to_entry, TOOL_TURN)
+    ] == TOOL_TURN
+    old = entry_to_message({"role": "assistant", "content": "from the managed loop", "id": "e1"})
+    assert old == AIMessage("from the managed loop", id="e1"), "an entry without an item reads as its role and text"
 
-    assert entry(HumanMessage("hi", id="m-1")) == ("user", "hi", "m-1")
-    assert entry(HumanMessage("hi", id="run:1")) == ("user", "hi", None), "an id the rule rejects is not kept"
-    assert entry(AIMessage("answer")) == ("assistant", "answer", None)
-    assert entry(SystemMessage("rules")) == ("system", "rules", None)
-    assert entry(ChatMessage(role="assistant", content="x")) == ("assistant", "x", None)
-    assert entry(ChatMessage(role="Human", content="x")) == ("user", "x", None)
-    assert entry(AIMessage("calling", tool_calls=[{"name": "t", "args": {}, "id": "c1"}])) is None
-    assert entry(ToolMessage("result", tool_call_id="c1")) is None
-    assert entry(HumanMessage([{"type": "image_url", "image_url": {"url": "data:,"}}])) is None, "no text"
-    assert message_to_entry(AIMessage("x")) == wire.EntryIn(role=wire.Role.ASSISTANT, content="x")
+
+@pytest.fixture
+async def rate_limited_launcher(
+    valkey_server: ValkeyProcess, dev_token_file: Path, demo_agent: int
+) -> AsyncIterator[Launcher]:
+    """The stack with a tight request rate (20/s, burst 10): sequential writers meet 429s."""
+    proxy = dev_proxy(valkey_server.url, **{env.QUOTA_REQUESTS_PER_SECOND: "20", env.QUOTA_BURST: "10"})
+    proxy.start()
+    settings = launcher_settings(proxy.base_url, dev_token_file, **{env.AGENT_PORT: str(demo_agent)})
+    instance = Launcher(settings, serve_host="127.0.0.1", serve=serve_in_background)
+    await instance.start()
+    yield instance
+    await instance.stop()
+    proxy.stop()
+
+
+async def test_sequential_add_message_calls_past_the_rate_all_succeed(
+    rate_limited_launcher: Launcher, valkey_server: ValkeyProcess
+) -> None:
+    """Each call past the burst is answered 429 at first; the client retries it (bounded) and none fails."""
+    cid = new_conversation_id()
+    calls = 40
+
+    def scenario() -> int:
+        with MemoryClient(memory_url(rate_limited_launcher)) as memory:
+            history = SessionmemChatMessageHistory(cid, memory)
+            for n in range(calls):
+                history.add_message(HumanMessage(f"m{n}"))
+            return len(history.messages)
+
+    assert await asyncio.to_thread(scenario) == calls
+    assert len(stored(valkey_server, cid)) == calls, "each stored once"

@@ -3,6 +3,7 @@ the SDK's ``agents.testing.ScriptedModel`` in place of a model (offline), and th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -13,15 +14,29 @@ from agents.items import TResponseInputItem
 from agents.memory import Session, SessionSettings
 from agents.testing import ScriptedModel, assistant_message, function_call
 
-from sessionmem_client import AsyncMemoryClient, EntryLike, InvalidConversationId, InvalidRequest, new_conversation_id
-from sessionmem_client.openai_agents import SessionmemSession, item_to_entry
-from sessionmem_core import env, wire
+from sessionmem_client import (
+    AsyncMemoryClient,
+    InvalidConversationId,
+    InvalidRequest,
+    PayloadTooLarge,
+    new_conversation_id,
+)
+from sessionmem_client.openai_agents import SessionmemSession, entry_to_item, item_to_entry
+from sessionmem_core import env
 from sessionmem_core.keys import Owner, session_key
 from sessionmem_launcher.server import Launcher
+from tests.support.items import SHAPES
 from tests.support.valkey import ValkeyProcess
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
 OFFLINE = RunConfig(tracing_disabled=True)
+# The Agents SDK's item shapes (LangChain's serialized messages are the LangChain adapter's).
+SDK_SHAPES = [shape for shape in SHAPES.values() if "data" not in shape[2]]
+
+
+def expected_role(item: Mapping[str, Any]) -> str:
+    """The entry role of an item: its role, else its type, else "message"."""
+    return str(item.get("role") or item.get("type") or "message")
 
 
 def memory_url(launcher: Launcher) -> str:
@@ -87,7 +102,11 @@ async def test_runner_conversation_is_kept_in_sessionmem(launcher: Launcher, val
     model.assert_complete()
 
 
-async def test_tool_calls_are_not_stored_only_the_exchange(launcher: Launcher, valkey_server: ValkeyProcess) -> None:
+async def test_a_tool_turn_replays_the_tool_call_and_its_output(
+    launcher: Launcher, valkey_server: ValkeyProcess
+) -> None:
+    """The next turn's model input holds what RedisSession would replay: the user message, the function
+    call, its output and the answer, as the SDK produced them."""
     cid = new_conversation_id()
     model = ScriptedModel(
         [
@@ -101,141 +120,95 @@ async def test_tool_calls_are_not_stored_only_the_exchange(launcher: Launcher, v
         session = SessionmemSession(cid, memory)
         result = await Runner.run(agent, "Where is order 66?", session=session, run_config=OFFLINE)
         assert result.final_output == "Order 66 ships tomorrow."
-        in_run = model.last_call
-        assert in_run is not None and isinstance(in_run.input, list)
-        assert any(isinstance(i, Mapping) and i.get("type") == "function_call_output" for i in in_run.input)
-        assert stored(valkey_server, cid) == [("user", "Where is order 66?"), ("assistant", "Order 66 ships tomorrow.")]
-
+        assert [role for role, _ in stored(valkey_server, cid)] == [
+            "user",
+            "function_call",
+            "function_call_output",
+            "assistant",
+        ]
         await Runner.run(agent, "Thanks", session=session, run_config=OFFLINE)
         replayed = model.last_call
         assert replayed is not None and isinstance(replayed.input, list)
-        assert messages_seen(replayed.input) == [
-            ("user", "Where is order 66?"),
-            ("assistant", "Order 66 ships tomorrow."),
-            ("user", "Thanks"),
-        ], "the next turn replays the clean exchange, no dangling tool call"
-        assert not any(isinstance(i, Mapping) and "call_id" in i for i in replayed.input)
+        kinds = [item.get("type", "message") for item in replayed.input if isinstance(item, Mapping)]
+        assert kinds == ["message", "function_call", "function_call_output", "message", "message"]
+        output = next(i for i in replayed.input if isinstance(i, Mapping) and i.get("type") == "function_call_output")
+        assert output["call_id"] == "call_1" and output["output"] == "order 66 ships tomorrow"
 
 
-async def test_session_protocol_methods(launcher: Launcher, valkey_server: ValkeyProcess) -> None:
+async def test_every_item_shape_round_trips_as_given(launcher: Launcher, valkey_server: ValkeyProcess) -> None:
     cid = new_conversation_id()
+    items = [item for _, _, item in SDK_SHAPES]
     async with AsyncMemoryClient(memory_url(launcher)) as memory:
-        session = SessionmemSession(cid, memory, window=None)
-        assert session.session_id == cid and session.session_settings == SessionSettings(limit=None)
+        session = SessionmemSession(cid, memory)
+        assert session.session_id == cid and session.session_settings == SessionSettings()
         assert await session.get_items() == [] and await session.pop_item() is None
-        items: list[TResponseInputItem] = [
-            {"role": "developer", "content": "Be kind."},
-            {"role": "user", "content": [{"type": "input_text", "text": "Hello"}]},
-            {
-                "type": "message",
-                "role": "assistant",
-                "id": "msg_9",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": "Hi there", "annotations": []}],
-            },
-            {"type": "function_call", "call_id": "c1", "name": "t", "arguments": "{}"},
-            {"type": "function_call_output", "call_id": "c1", "output": "ok"},
-            {"role": "user", "content": "Bye"},
-        ]
-        await session.add_items(items)
-        assert stored(valkey_server, cid) == [
-            ("system", "Be kind."),
-            ("user", "Hello"),
-            ("assistant", "Hi there"),
-            ("user", "Bye"),
-        ]
-        assert await session.get_items(2) == [
-            {"role": "assistant", "content": "Hi there"},
-            {"role": "user", "content": "Bye"},
-        ]
-        assert len(await session.get_items()) == 4 == len(await session.get_items(env.MAX_READ_LIMIT + 1))
+        await session.add_items(items)  # type: ignore[arg-type]  # the SDK's item dicts, and LangChain's
+        got = await session.get_items()
+        assert got == items and [list(g) for g in got] == [list(i) for i in items], "equal, key order kept"
+        assert [role for role, _ in stored(valkey_server, cid)] == [expected_role(item) for _, _, item in SDK_SHAPES]
+        assert await session.get_items(2) == items[-2:]
+        assert len(await session.get_items(env.MAX_READ_LIMIT + 1)) == len(items)
         assert await session.get_items(0) == []
 
-        assert await session.pop_item() == {"role": "user", "content": "Bye"}
-        assert stored(valkey_server, cid)[-1] == ("assistant", "Hi there") and len(stored(valkey_server, cid)) == 3
+        assert await session.pop_item() == items[-1]
+        assert await session.get_items() == items[:-1]
         await session.add_items([])  # nothing to store, no call
         await session.clear_session()
         assert stored(valkey_server, cid) == [] and await session.get_items() == []
 
-        await session.add_items([{"role": "user", "content": "only one"}])
-        assert await session.pop_item() == {"role": "user", "content": "only one"}
-        assert stored(valkey_server, cid) == []
+
+async def test_session_settings_limit_and_its_dict_form(launcher: Launcher) -> None:
+    cid = new_conversation_id()
+    async with AsyncMemoryClient(memory_url(launcher)) as memory:
+        items: list[TResponseInputItem] = [{"role": "user", "content": f"m{n}"} for n in range(5)]
+        await SessionmemSession(cid, memory).add_items(items)
+        assert await SessionmemSession(cid, memory, session_settings=SessionSettings(limit=2)).get_items() == items[-2:]
+        as_dict = SessionmemSession(cid, memory, session_settings={"limit": 3})
+        assert await as_dict.get_items() == items[-3:] and await as_dict.get_items(1) == items[-1:]
 
 
-async def test_an_item_too_long_to_store_is_a_typed_error_and_nothing_of_the_batch_is_stored(
+async def test_an_item_too_large_to_store_is_a_typed_error_and_nothing_of_the_batch_is_stored(
     launcher: Launcher, valkey_server: ValkeyProcess
 ) -> None:
     cid = new_conversation_id()
     async with AsyncMemoryClient(memory_url(launcher)) as memory:
         session = SessionmemSession(cid, memory)
-        too_long: TResponseInputItem = {"role": "assistant", "content": "x" * (env.MAX_CONTENT_CHARS + 1)}
-        with pytest.raises(InvalidRequest, match="content"):
-            await session.add_items([{"role": "user", "content": "fits"}, too_long])
+        too_large: TResponseInputItem = {"type": "function_call_output", "call_id": "c", "output": "x" * (1 << 20)}
+        with pytest.raises((InvalidRequest, PayloadTooLarge)):
+            await session.add_items([{"role": "user", "content": "fits"}, too_large])
         assert stored(valkey_server, cid) == []
-        await session.add_items([{"role": "user", "content": "x" * env.MAX_CONTENT_CHARS}])
-        assert [len(content) for _, content in stored(valkey_server, cid)] == [env.MAX_CONTENT_CHARS]
 
 
-class RacingClient(AsyncMemoryClient):
-    """Lets another writer append between pop_item's read and its conditional replace, once."""
-
-    def __init__(self, base_url: str, other: AsyncMemoryClient) -> None:
-        super().__init__(base_url)
-        self.other = other
-        self.raced = False
-
-    async def replace(
-        self,
-        conversation_id: str,
-        entries: Iterable[EntryLike],
-        if_version: int | None = None,
-        *,
-        traceparent: str | None = None,
-    ) -> wire.ReplaceResponse:
-        if not self.raced:
-            self.raced = True
-            await self.other.append(conversation_id, [{"role": "user", "content": "a concurrent message"}])
-        return await super().replace(conversation_id, entries, if_version, traceparent=traceparent)
-
-
-async def test_pop_item_is_conditional_and_never_loses_a_concurrent_write(
-    launcher: Launcher, valkey_server: ValkeyProcess
-) -> None:
+async def test_concurrent_pops_remove_distinct_items(launcher: Launcher) -> None:
     cid = new_conversation_id()
-    async with AsyncMemoryClient(memory_url(launcher)) as other:
-        await other.append_exchange(cid, "question", "answer")
-        racing = RacingClient(memory_url(launcher), other)
-        try:
-            popped = await SessionmemSession(cid, racing).pop_item()
-        finally:
-            await racing.aclose()
-    assert racing.raced
-    # The first replace hit 412 (the conversation moved on); the retry popped the then-newest item.
-    assert popped == {"role": "user", "content": "a concurrent message"}
-    assert stored(valkey_server, cid) == [("user", "question"), ("assistant", "answer")]
+    async with AsyncMemoryClient(memory_url(launcher)) as memory:
+        items: list[TResponseInputItem] = [{"role": "user", "content": f"m{n}"} for n in range(8)]
+        await SessionmemSession(cid, memory).add_items(items)
+        popped = await asyncio.gather(*(SessionmemSession(cid, memory).pop_item() for _ in range(10)))
+    assert sorted(str(p) for p in popped if p is not None) == sorted(str(i) for i in items)
+    assert popped.count(None) == 2
 
 
 def test_item_mapping() -> None:
-    def entry(item: Any) -> tuple[str, str] | None:
-        mapped = item_to_entry(item)
-        return None if mapped is None else (mapped.role, mapped.content)
-
-    assert entry({"role": "user", "content": "hi"}) == ("user", "hi")
-    assert entry({"role": "system", "content": "rules"}) == ("system", "rules")
-    assert entry({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "d"}]}) == (
-        "system",
-        "d",
-    )
-    assert entry({"role": "assistant", "content": [{"type": "refusal", "refusal": "No."}]}) == ("assistant", "No.")
-    assert entry({"role": "assistant", "content": "thinking aloud", "phase": "commentary"}) is None
-    assert entry({"role": "assistant", "content": "done", "phase": "final_answer"}) == ("assistant", "done")
-    assert entry({"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}) is None
-    assert entry({"type": "reasoning", "id": "rs_1", "summary": []}) is None
-    assert entry({"type": "function_call_output", "call_id": "c", "output": "x"}) is None
-    assert entry(assistant_message("from a model object")) == ("assistant", "from a model object")
-    assert entry("not an item") is None
+    assert item_to_entry({"role": "user", "content": "hi"}) == {
+        "role": "user",
+        "content": "hi",
+        "item": {"role": "user", "content": "hi"},
+    }
+    for _, content, item in SDK_SHAPES:
+        entry = item_to_entry(item)
+        assert entry["item"] is item and entry["role"] == expected_role(item), item
+        if "type" in item or "role" in item:  # an SDK item: its text is found (arbitrary JSON has none)
+            assert content in entry["content"], item
+    mapped = item_to_entry(assistant_message("from a model object"))
+    assert mapped["role"] == "assistant" and mapped["content"] == "from a model object"
+    assert entry_to_item({"role": "user", "content": "old entry", "id": "x"}) == {
+        "role": "user",
+        "content": "old entry",
+    }
 
 
 def test_a_bad_conversation_id_fails_before_the_network() -> None:
-    with pytest.raises(InvalidConversationId):
+    with pytest.raises(ValueError) as raised:
         SessionmemSession("a:b", AsyncMemoryClient("http://127.0.0.1:9"))
+    assert isinstance(raised.value, InvalidConversationId)

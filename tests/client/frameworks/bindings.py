@@ -1,0 +1,88 @@
+"""What the frameworks' test bodies construct, rebound: each factory takes the arguments of the class the
+bodies name (``SQLiteSession(session_id, db_path, session_settings=...)``, ``SimpleListSession(...)``,
+``InMemoryChatMessageHistory()``) and answers a session of the backend under test, sessionmem's adapter
+or the control (the SDK's ``RedisSession`` on the same real valkey-server)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agents.extensions.memory.redis_session import RedisSession
+from agents.memory import SessionSettings
+from langchain_core.messages import BaseMessage
+
+from sessionmem_client import AsyncMemoryClient, MemoryClient
+from sessionmem_client.langchain import SessionmemChatMessageHistory
+from sessionmem_client.openai_agents import SessionmemSession
+from tests.client.frameworks.conftest import MemoryStack, Namespaces
+
+
+class Stack:
+    """The module's stack, set by its autouse fixture before each test."""
+
+    current: MemoryStack | None = None
+
+    @classmethod
+    def get(cls) -> MemoryStack:
+        assert cls.current is not None, "the memory_stack fixture sets the stack first"
+        return cls.current
+
+
+_instances = iter(range(1 << 62))
+
+Backend = Callable[[str, SessionSettings | dict[str, Any] | None], Any]
+
+
+def sessionmem(name: str, settings: SessionSettings | dict[str, Any] | None) -> SessionmemSession:
+    return SessionmemSession(name, AsyncMemoryClient(Stack.get().memory_url), session_settings=settings)
+
+
+def redis_control(name: str, settings: SessionSettings | dict[str, Any] | None) -> RedisSession:
+    url = Stack.get().valkey_url.replace("valkey://", "redis://", 1)
+    return RedisSession.from_url(name, url=url, key_prefix="control", session_settings=settings)
+
+
+def sqlite_like(backend: Backend) -> Callable[..., Any]:
+    """``SQLiteSession(session_id, db_path=":memory:", session_settings=None)``: one database file is one
+    namespace of the backend (two sessions on the same file and id share their items); ``:memory:`` is
+    a database of its own per instance, as in SQLite."""
+
+    def make(session_id: str, db_path: Any = ":memory:", session_settings: Any = None, **_: Any) -> Any:
+        database = str(db_path)
+        if database == ":memory:":
+            database = f"memory{next(_instances)}"
+        scope = hashlib.sha256(database.encode()).hexdigest()[:8]
+        return backend(f"{Namespaces.current}-{scope}-{session_id}", session_settings)
+
+    return make
+
+
+def list_like(backend: Backend) -> Callable[..., Any]:
+    """``SimpleListSession(session_id=..., history=None)``. A stored session is rehydrated by its id: one
+    made again with an id this test used holds that session's items already (the ``history`` the test
+    passes is what it had read from it). A fresh id with a history would need seeding, which the
+    scenarios ported here do not do: refused, so a test that does fails visibly."""
+    made: dict[str, set[str]] = {}
+
+    def make(session_id: str = "test", history: Any = None, **_: Any) -> Any:
+        seen = made.setdefault(Namespaces.current, set())
+        session_id = session_id.removeprefix(f"{Namespaces.current}-")  # a made session's own id
+        if history and session_id not in seen:
+            raise NotImplementedError("seeding a fresh stored session from a list")
+        seen.add(session_id)
+        return backend(f"{Namespaces.current}-{session_id}", None)
+
+    return make
+
+
+def sessionmem_history(messages: Sequence[BaseMessage] = ()) -> SessionmemChatMessageHistory:
+    """``InMemoryChatMessageHistory(messages=...)``: a fresh conversation per instance, holding ``messages``."""
+    url = Stack.get().memory_url
+    history = SessionmemChatMessageHistory(
+        f"{Namespaces.current}-h{next(_instances)}", MemoryClient(url), async_client=AsyncMemoryClient(url)
+    )
+    if messages:
+        history.add_messages(messages)
+    return history

@@ -1,0 +1,108 @@
+"""The frameworks' own test files, taken from their pinned source distributions at test time.
+
+Each sdist is fetched once with pip (``--require-hashes``: the bytes are the ones pinned here) into a cache
+per user and extracted; its test modules are then executed as they are, each as a fresh module, and the
+caller rebinds the one name that is the test's fixture (the session class the bodies construct) before
+pytest collects them. The bodies are never edited, so what passes is the framework's own test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tarfile
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tests
+
+CACHE = Path(os.environ.get("SESSIONMEM_CACHE", Path.home() / ".cache" / "sessionmem")) / "frameworks"
+
+
+@dataclass(frozen=True)
+class Sdist:
+    """A pinned source distribution on PyPI."""
+
+    name: str
+    version: str
+    sha256: str
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name.replace('-', '_')}-{self.version}.tar.gz"
+
+    @property
+    def root(self) -> Path:
+        return CACHE / f"{self.name.replace('-', '_')}-{self.version}"
+
+
+OPENAI_AGENTS = Sdist("openai-agents", "0.24.0", "4b4b285f4fed81fdf1b4ac426a9101658d9cd29b4fb1aaeee18f639b77e704e3")
+LANGCHAIN_CORE = Sdist("langchain-core", "1.8.1", "778b9bf1d18d4b7a716311defa230db190006ef75fe175930e00012d82df603b")
+
+
+def fetch(sdist: Sdist) -> Path:
+    """The extracted sdist (fetched and checked against its hash the first time)."""
+    if (sdist.root / "PKG-INFO").exists():
+        return sdist.root
+    CACHE.mkdir(parents=True, exist_ok=True)
+    archive = CACHE / sdist.filename
+    if not archive.exists():
+        pins = CACHE / f"{sdist.name}.requirements.txt"
+        pins.write_text(f"{sdist.name}=={sdist.version} --hash=sha256:{sdist.sha256}\n")
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--require-hashes",
+                "-r",
+                str(pins),
+                "-d",
+                str(CACHE),
+            ],
+            check=True,
+        )
+    with tarfile.open(archive) as tar:
+        tar.extractall(CACHE, filter="data")
+    return sdist.root
+
+
+def upstream_tests(sdist: Sdist) -> Path:
+    """The sdist's ``tests`` folder, made importable as part of the ``tests`` package: the frameworks'
+    test modules import their helpers as ``tests.<...>`` (this repository's own subpackages come first)."""
+    folder = fetch(sdist) / "tests"
+    if str(folder) not in tests.__path__:
+        tests.__path__.append(str(folder))
+    return folder
+
+
+def load(sdist: Sdist, relative: str, as_name: str, rebind: Mapping[str, Any]) -> types.ModuleType:
+    """Execute the sdist's test file ``relative`` as a fresh module ``as_name`` and rebind ``rebind``'s
+    names in it (what the bodies look up at run time)."""
+    upstream_tests(sdist)
+    path = fetch(sdist) / relative
+    spec = importlib.util.spec_from_file_location(as_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[as_name] = module
+    spec.loader.exec_module(module)
+    for name, value in rebind.items():
+        assert hasattr(module, name), f"{relative} no longer defines {name}: re-check the port"
+        setattr(module, name, value)
+    return module
+
+
+def public(module: types.ModuleType) -> dict[str, Any]:
+    """The names a wrapper module takes over so pytest collects the upstream tests and fixtures there."""
+    return {name: value for name, value in vars(module).items() if not name.startswith("__")}
