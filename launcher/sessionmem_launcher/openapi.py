@@ -68,9 +68,16 @@ ANSWERED_BY_EVERY_OPERATION = {
 }
 
 # What the launcher adds to a declared operation: its statuses besides every operation's, and to its summary.
+_MISMATCH = {412: "If-Match does not match the version"}
 _STATUSES: dict[str, dict[int, str]] = {
     "append": _BODY_STATUSES,
-    "replace": {**_BODY_STATUSES, 412: "If-Match does not match the version"},
+    "replace": {**_BODY_STATUSES, **_MISMATCH},
+    "delete": _MISMATCH,
+    "pop": _MISMATCH,
+    "rewind": {**_BODY_STATUSES, **_MISMATCH},
+    "compact": {**_BODY_STATUSES, 404: "The conversation holds nothing"},
+    "fork": {**_BODY_STATUSES, 409: "A conversation with the new id exists already (conversation_exists)"},
+    "metadata": {**_BODY_STATUSES, 404: "The catalogue lists no such conversation"},
 }
 _DETAIL = {"export": ", all its pages joined into one History"}
 

@@ -60,6 +60,11 @@ class OperatorProcess:
             }
         )
         self.log_path = Path(tempfile.mkstemp(prefix="sessionmem-operator-", suffix=".log")[1])
+        # PROXY_URL names no proxy that runs: its health is not probed here, or every agent's MemoryReady
+        # would say ProxyUnreachable (tests/operator/test_memory_health.py probes a real one).
+        config_file = Path(tempfile.mkstemp(prefix="sessionmem-operator-", suffix=".yaml")[1])
+        config_file.write_text("memoryHealthSeconds: 0\n", encoding="utf-8")
+        self.env[env.OPERATOR_CONFIG_FILE] = str(config_file)
         self._proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
