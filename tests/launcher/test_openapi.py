@@ -34,7 +34,7 @@ def test_no_parameter_the_launcher_sets_itself_is_advertised() -> None:
     assert names.isdisjoint({p.lower() for p in POD_PARAMS} | {"authorization"}), names
     # Only statuses the launcher answers: never FastAPI's 422, never an undocumented catch-all.
     statuses = {status for op in operations for status in op["responses"]}
-    assert statuses <= {"200", "400", "401", "403", "408", "412", "413", "414", "431", "503"}, statuses
+    assert statuses <= {"200", "400", "401", "403", "404", "408", "409", "412", "413", "414", "431", "503"}, statuses
 
 
 async def test_an_ignored_ttl_is_neither_advertised_nor_applied(launcher: Launcher) -> None:
