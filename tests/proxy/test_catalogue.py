@@ -5,7 +5,6 @@ their metadata, per agent and per user bucket, kept by the writes themselves and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,14 +15,8 @@ import pytest
 from sessionmem_core import api, env
 from sessionmem_core.capability import mint_capability, new_key
 from sessionmem_core.devauth import dev_token
-from sessionmem_core.env import ProxySettings
 from sessionmem_core.keys import Owner
-from sessionmem_proxy.app import create_app
-from sessionmem_proxy.datakeys import DirectoryDataKeyStore, Keyring, new_kek
-from sessionmem_proxy.sealing import Sealer
-from sessionmem_proxy.store import ConversationStore, UsageLedger
-from sessionmem_proxy.valkey_client import connect
-from tests.support.serving import served_client
+from tests.support.store_variants import STORE_VARIANTS, proxy_client
 from tests.support.valkey import ValkeyProcess
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
@@ -35,34 +28,28 @@ def as_user(user: str) -> dict[str, str]:
     return {api.USER_CAPABILITY_HEADER: mint_capability(KEY, user, OWNER, 600)}
 
 
-@pytest.fixture(params=["one-script", "cluster-style", "sealed"])
+# The suite drives one agent far past a tenant's default rate (tests/proxy/test_quotas.py covers rates).
+RATES = {env.QUOTA_REQUESTS_PER_SECOND: "100000", env.QUOTA_BURST: "100000"}
+
+
+@pytest.fixture(params=STORE_VARIANTS)
 async def client(
     request: pytest.FixtureRequest, valkey_server: ValkeyProcess, tmp_path: Path
 ) -> AsyncIterator[httpx.AsyncClient]:
     """ "sealed": with encryption at rest (titles and labels sealed too), every answer the same."""
     (tmp_path / "key").write_bytes(KEY)
-    valkey = connect(valkey_server.url, 2.0)
-    ledger = UsageLedger(valkey)
-    ledger.atomic = request.param != "cluster-style"
-    sealer = None
-    if request.param == "sealed":
-        (tmp_path / "kek").write_bytes(new_kek())
-        sealer = Sealer(Keyring.load(tmp_path / "kek"), DirectoryDataKeyStore(tmp_path / "deks"))
-    settings = ProxySettings.from_env(
-        {
-            env.VALKEY_URL: valkey_server.url,
-            env.AUTH_MODE: "dev",
+    async with proxy_client(
+        request.param,
+        valkey_server.url,
+        tmp_path,
+        AUTH,
+        **{
             env.CAPABILITY_KEY_FILE: str(tmp_path / "key"),
             env.QUOTA_REQUESTS_PER_SECOND: "100000",
             env.QUOTA_BURST: "100000",
-        }
-    )
-    app = create_app(settings, store=ConversationStore(valkey, ledger, sealer))
-    async with contextlib.AsyncExitStack() as stack:
-        served = await stack.enter_async_context(served_client(app))
-        served.headers.update(AUTH)
+        },
+    ) as served:
         yield served
-    await valkey.aclose()
 
 
 async def _write(client: httpx.AsyncClient, conversation: str, headers: dict[str, str] | None = None, **q: Any) -> None:

@@ -4,7 +4,6 @@ everything kept, and the summary leaves with the conversation or a replace."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,17 +12,10 @@ import httpx
 import orjson
 import pytest
 
-from sessionmem_core import env
 from sessionmem_core.devauth import dev_token
-from sessionmem_core.env import ProxySettings
 from sessionmem_core.keys import Owner, catalogue_keys, session_key, usage_keys
 from sessionmem_launcher.replay import history_from
-from sessionmem_proxy.app import create_app
-from sessionmem_proxy.datakeys import DirectoryDataKeyStore, Keyring, new_kek
-from sessionmem_proxy.sealing import Sealer
-from sessionmem_proxy.store import ConversationStore, UsageLedger
-from sessionmem_proxy.valkey_client import connect
-from tests.support.serving import served_client
+from tests.support.store_variants import STORE_VARIANTS, proxy_client
 from tests.support.valkey import ValkeyProcess
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
@@ -36,26 +28,13 @@ SUMMARY = {
 }
 
 
-@pytest.fixture(params=["one-script", "cluster-style", "sealed"])
+@pytest.fixture(params=STORE_VARIANTS)
 async def client(
     request: pytest.FixtureRequest, valkey_server: ValkeyProcess, tmp_path: Path
 ) -> AsyncIterator[httpx.AsyncClient]:
     """ "sealed": with encryption at rest (the summaries sealed too), every answer the same."""
-    valkey = connect(valkey_server.url, 2.0)
-    ledger = UsageLedger(valkey)
-    ledger.atomic = request.param != "cluster-style"
-    sealer = None
-    if request.param == "sealed":
-        (tmp_path / "kek").write_bytes(new_kek())
-        sealer = Sealer(Keyring.load(tmp_path / "kek"), DirectoryDataKeyStore(tmp_path / "deks"))
-    settings = ProxySettings.from_env({env.VALKEY_URL: valkey_server.url, env.AUTH_MODE: "dev"})
-    async with contextlib.AsyncExitStack() as stack:
-        served = await stack.enter_async_context(
-            served_client(create_app(settings, store=ConversationStore(valkey, ledger, sealer)))
-        )
-        served.headers.update(AUTH)
+    async with proxy_client(request.param, valkey_server.url, tmp_path, AUTH) as served:
         yield served
-    await valkey.aclose()
 
 
 async def _turns(client: httpx.AsyncClient, conversation: str, count: int) -> None:

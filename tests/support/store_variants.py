@@ -1,0 +1,45 @@
+"""The proxy in this process over a real valkey-server, in each way its store can run: the accounting in
+the write's own script (standalone Valkey), in separate calls (as on a Valkey Cluster), and with
+encryption at rest. Suites of the conversation operations run once per variant, every answer the same."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+import httpx
+
+from sessionmem_core import env
+from sessionmem_core.env import ProxySettings
+from sessionmem_proxy.app import create_app
+from sessionmem_proxy.datakeys import DirectoryDataKeyStore, Keyring, new_kek
+from sessionmem_proxy.sealing import Sealer
+from sessionmem_proxy.store import ConversationStore, UsageLedger
+from sessionmem_proxy.valkey_client import connect
+from tests.support.serving import served_client
+
+STORE_VARIANTS = ("one-script", "cluster-style", "sealed")
+
+
+@contextlib.asynccontextmanager
+async def proxy_client(
+    variant: str, valkey_url: str, tmp_path: Path, headers: Mapping[str, str], **settings: str
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the dev-identity proxy on ``valkey_url`` with the store of ``variant`` (one of
+    STORE_VARIANTS) and ``settings`` (sessionmem_core.env names) besides."""
+    valkey = connect(valkey_url, 2.0)
+    ledger = UsageLedger(valkey)
+    ledger.atomic = variant != "cluster-style"
+    sealer = None
+    if variant == "sealed":
+        (tmp_path / "kek").write_bytes(new_kek())
+        sealer = Sealer(Keyring.load(tmp_path / "kek"), DirectoryDataKeyStore(tmp_path / "deks"))
+    proxy_settings = ProxySettings.from_env({env.VALKEY_URL: valkey_url, env.AUTH_MODE: "dev", **settings})
+    try:
+        app = create_app(proxy_settings, store=ConversationStore(valkey, ledger, sealer))
+        async with served_client(app) as served:
+            served.headers.update(headers)
+            yield served
+    finally:
+        await valkey.aclose()
