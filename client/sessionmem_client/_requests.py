@@ -278,6 +278,18 @@ class Requests:
         return Request("GET", path, wire.History, traceparent=traceparent)
 
     @staticmethod
+    def set_metadata(
+        conversation_id: str, title: str | None, labels: Mapping[str, str] | None, traceparent: str | None
+    ) -> Request[wire.ConversationRef]:
+        path = api.conversation_path(_segment(conversation_id)) + "/metadata"
+        try:
+            body = wire.MetadataRequest(title=title, labels=dict(labels) if labels is not None else None)
+        except ValidationError as exc:
+            raise InvalidRequest(f"invalid metadata: {_problems(exc)}") from exc
+        # Setting a title and labels again sets the same record: safe to repeat.
+        return Request("PATCH", path, wire.ConversationRef, body=_body(body), idempotent=True, traceparent=traceparent)
+
+    @staticmethod
     def list_conversations(limit: int, cursor: str | None, traceparent: str | None) -> Request[wire.ConversationList]:
         if limit < 1:
             raise InvalidRequest(f"limit must be at least 1 (got {limit})")

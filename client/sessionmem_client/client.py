@@ -13,7 +13,7 @@ import asyncio
 import copy
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
@@ -253,6 +253,17 @@ class MemoryClient(_Client[SyncTransport]):
         """One page of this agent's conversation ids; pass ``next_cursor`` back for the next page."""
         return self._send(Requests.list_conversations(limit, cursor, traceparent))
 
+    def set_metadata(
+        self,
+        conversation_id: str,
+        *,
+        title: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        traceparent: str | None = None,
+    ) -> wire.ConversationRef:
+        """Set the catalogue's title and labels of a conversation (``NotFound`` when it is not listed)."""
+        return self._send(Requests.set_metadata(conversation_id, title, labels, traceparent))
+
     def iter_conversations(self, page_size: int = 50, *, traceparent: str | None = None) -> Iterator[str]:
         """Every conversation id, page after page."""
         cursor: str | None = None
@@ -411,6 +422,16 @@ class AsyncMemoryClient(_Client[AsyncTransport]):
         self, limit: int = 50, cursor: str | None = None, *, traceparent: str | None = None
     ) -> wire.ConversationList:
         return await self._send(Requests.list_conversations(limit, cursor, traceparent))
+
+    async def set_metadata(
+        self,
+        conversation_id: str,
+        *,
+        title: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        traceparent: str | None = None,
+    ) -> wire.ConversationRef:
+        return await self._send(Requests.set_metadata(conversation_id, title, labels, traceparent))
 
     async def iter_conversations(self, page_size: int = 50, *, traceparent: str | None = None) -> AsyncIterator[str]:
         cursor: str | None = None

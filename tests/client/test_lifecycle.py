@@ -19,7 +19,9 @@ from sessionmem_client import (
     AsyncMemoryClient,
     ConversationInfo,
     History,
+    InvalidRequest,
     MemoryClient,
+    NotFound,
     TurnNotLive,
     new_conversation_id,
 )
@@ -105,6 +107,25 @@ async def test_listing_pages_through_every_conversation(launcher: Launcher, valk
             return list(memory.iter_conversations(page_size=2))
 
     assert sorted(await asyncio.to_thread(sync_listing)) == cids
+
+
+async def test_metadata_sets_the_catalogues_title_and_labels(launcher: Launcher, valkey_server: ValkeyProcess) -> None:
+    async with AsyncMemoryClient(memory_url(launcher)) as memory:
+        await memory.append_exchange("ticket-9", "u", "a")
+        record = await memory.set_metadata("ticket-9", title="Order 66", labels={"team": "billing"})
+        assert (record.conversation_id, record.title, record.labels) == ("ticket-9", "Order 66", {"team": "billing"})
+        (listed,) = (await memory.list_conversations()).conversations
+        assert (listed.title, listed.labels) == ("Order 66", {"team": "billing"})
+        with pytest.raises(NotFound):  # a conversation nobody wrote is not listed
+            await memory.set_metadata("ticket-10", labels={"team": "billing"})
+        with pytest.raises(InvalidRequest):  # checked before any network call
+            await memory.set_metadata("ticket-9", labels={"no spaces": "x"})
+
+    def sync_title() -> str | None:
+        with MemoryClient(memory_url(launcher)) as memory:
+            return memory.set_metadata("ticket-9", title="Order 67").title
+
+    assert await asyncio.to_thread(sync_title) == "Order 67"
 
 
 async def test_an_agent_cannot_erase_all_of_its_memory(launcher: Launcher, valkey_server: ValkeyProcess) -> None:
