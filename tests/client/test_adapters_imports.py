@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-FRAMEWORKS = ("langchain_core", "agents", "openai")
+FRAMEWORKS = ("langchain_core", "agents", "openai", "google.adk")
 
 
 def run(code: str) -> subprocess.CompletedProcess[str]:
@@ -38,6 +38,7 @@ def test_the_base_client_works_with_the_frameworks_absent() -> None:
     [
         ("sessionmem_client.langchain", "pip install langchain-core"),
         ("sessionmem_client.openai_agents", "openai-agents"),
+        ("sessionmem_client.google_adk", "pip install google-adk"),
     ],
 )
 def test_an_adapter_without_its_framework_says_what_to_install(module: str, hint: str) -> None:

@@ -6,6 +6,8 @@ or the control (the SDK's ``RedisSession`` on the same real valkey-server)."""
 from __future__ import annotations
 
 import hashlib
+import inspect
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +18,7 @@ from langchain_core.messages import BaseMessage
 from sessionmem_client import AsyncMemoryClient, MemoryClient
 from sessionmem_client.langchain import SessionmemChatMessageHistory
 from sessionmem_client.openai_agents import SessionmemSession
+from tests.client.frameworks import upstream
 from tests.client.frameworks.conftest import MemoryStack, Namespaces
 
 
@@ -86,3 +89,21 @@ def sessionmem_history(messages: Sequence[BaseMessage] = ()) -> SessionmemChatMe
     if messages:
         history.add_messages(messages)
     return history
+
+
+def contract_tests(module: types.ModuleType, fixture: str = "session_service") -> dict[str, Any]:
+    """The module's names for pytest, its tests only those that take ``fixture``: the behaviour every
+    implementation of the interface owes (ADK's file also tests its own SQL services' internals, which
+    construct those services themselves and say nothing of the one under test)."""
+    names = upstream.public(module)
+    return {
+        name: value
+        for name, value in names.items()
+        if not (name.startswith("test_") and callable(value)) or fixture in inspect.signature(value).parameters
+    }
+
+
+async def forget_everything(client: AsyncMemoryClient) -> None:
+    """Delete every conversation of the stack's agent: each of the suites' tests had a fresh service."""
+    async for conversation_id in client.iter_conversations(page_size=500):
+        await client.delete(conversation_id)

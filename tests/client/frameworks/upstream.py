@@ -4,10 +4,16 @@ Each sdist is fetched once with pip (``--require-hashes``: the bytes are the one
 per user and extracted; its test modules are then executed as they are, each as a fresh module, and the
 caller rebinds the one name that is the test's fixture (the session class the bodies construct) before
 pytest collects them. The bodies are never edited, so what passes is the framework's own test.
+
+A framework whose releases ship no tests (Google ADK: neither its wheel nor its sdist has them) has its
+test file kept under ``vendored/`` as upstream wrote it, with upstream's license header, and checked
+against the hash pinned here before it is copied into the cache and run (``VendoredFile``): a package
+index is all a CI machine reaches, and only a release's own files could be fetched from one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import subprocess
@@ -43,6 +49,38 @@ class Sdist:
 
 OPENAI_AGENTS = Sdist("openai-agents", "0.24.0", "4b4b285f4fed81fdf1b4ac426a9101658d9cd29b4fb1aaeee18f639b77e704e3")
 LANGCHAIN_CORE = Sdist("langchain-core", "1.8.1", "778b9bf1d18d4b7a716311defa230db190006ef75fe175930e00012d82df603b")
+
+
+@dataclass(frozen=True)
+class VendoredFile:
+    """A framework's test file kept in this repository (``vendored/<relative>``), byte for byte as
+    ``source`` names it, with its hash."""
+
+    source: str  # repository, commit and path it was taken from
+    relative: str
+    sha256: str
+
+    def installed(self) -> Path:
+        """The file, checked against its hash, as a module file in the cache."""
+        data = (Path(__file__).parent / "vendored" / self.relative).read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        assert digest == self.sha256, f"vendored/{self.relative} is not the pinned file ({digest})"
+        target = CACHE / "vendored" / self.sha256[:16] / Path(self.relative).name.removesuffix(".txt")
+        if not target.exists() or target.read_bytes() != data:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        return target
+
+
+# google/adk-python's tests/unittests/sessions/test_session_service.py at commit 0c1061401608 (Apache-2.0):
+# a 2026 version of its session-service tests, parametrized over ADK's own services. No tag of the 2.13.0
+# release was reachable (vendored/adk-python/README.md); 2.13.0's InMemorySessionService passes every
+# contract test of this file.
+ADK_SESSION_SERVICE_TESTS = VendoredFile(
+    "google/adk-python@0c1061401608dbbad00a29d89cc3bade2414281e:tests/unittests/sessions/test_session_service.py",
+    "adk-python/test_session_service.py.txt",
+    "9e360d0687ed192fe83bececd6b6fc0368d500e8a6cf781ef55e6856a4949743",
+)
 
 
 def fetch(sdist: Sdist) -> Path:
@@ -91,14 +129,18 @@ def load(sdist: Sdist, relative: str, as_name: str, rebind: Mapping[str, Any]) -
     """Execute the sdist's test file ``relative`` as a fresh module ``as_name`` and rebind ``rebind``'s
     names in it (what the bodies look up at run time)."""
     upstream_tests(sdist)
-    path = fetch(sdist) / relative
+    return load_file(fetch(sdist) / relative, as_name, rebind)
+
+
+def load_file(path: Path, as_name: str, rebind: Mapping[str, Any]) -> types.ModuleType:
+    """:func:`load` of a test file at ``path`` (a vendored one, as :meth:`VendoredFile.installed` gives it)."""
     spec = importlib.util.spec_from_file_location(as_name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[as_name] = module
     spec.loader.exec_module(module)
     for name, value in rebind.items():
-        assert hasattr(module, name), f"{relative} no longer defines {name}: re-check the port"
+        assert hasattr(module, name), f"{path.name} no longer defines {name}: re-check the port"
         setattr(module, name, value)
     return module
 
