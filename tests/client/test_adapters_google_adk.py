@@ -1,16 +1,18 @@
-"""The Google ADK session service on a perUser agent, against the real stack (in-process launcher, real
-proxy process verifying run capabilities, real valkey-server): ADK's ``user_id`` is a label inside the
-bucket of the turn the client holds, never a way into another end user's bucket. (ADK's own contract
-tests run in tests/client/frameworks.)"""
+"""The Google ADK session service against the real stack (in-process launcher, real proxy process, real
+valkey-server): on a perUser agent, ADK's ``user_id`` is a label inside the bucket of the turn the client
+holds, never a way into another end user's bucket; past the stored cap, a session keeps its state.
+(ADK's own contract tests run in tests/client/frameworks.)"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 from google.adk.events.event import Event
 from google.adk.events.event_actions import EventActions
+from opentelemetry.sdk.trace import TracerProvider
 
 from sessionmem_client import AsyncMemoryClient, TurnNotLive, UserCapabilityRequired
 from sessionmem_client.google_adk import SessionmemSessionService
@@ -27,6 +29,9 @@ from tests.client.test_lifecycle import (  # noqa: F401 - fixtures
     per_user_launcher,
     per_user_proxy,
 )
+from tests.conftest import launcher_settings
+from tests.support.processes import ServiceProcess
+from tests.support.serving import serve_in_background
 from tests.support.valkey import ValkeyProcess
 
 
@@ -96,3 +101,26 @@ async def test_naming_another_user_id_reaches_only_the_turns_own_bucket(
     async with AsyncMemoryClient(memory_url(per_user_launcher)) as no_turn:
         with pytest.raises(UserCapabilityRequired):  # and without a turn there is no bucket at all
             await SessionmemSessionService(no_turn).list_sessions(app_name="shop")
+
+
+async def test_past_the_stored_cap_a_session_keeps_its_state_and_newest_events(
+    proxy_process: ServiceProcess, dev_token_file: Path
+) -> None:
+    settings = launcher_settings(proxy_process.base_url, dev_token_file, **{env.CAP: "4"})
+    launcher = Launcher(settings, tracer_provider=TracerProvider(), serve_host="127.0.0.1", serve=serve_in_background)
+    await launcher.start()
+    try:
+        async with AsyncMemoryClient(memory_url(launcher)) as memory:
+            service = SessionmemSessionService(memory)
+            session = await service.create_session(app_name="shop", user_id="ada", state={"first": 0})
+            for n in range(1, 10):  # the record and 9 events: the oldest 6 entries are trimmed away
+                await service.append_event(session, state_event({f"k{n}": n, "last": n}))
+            stored = await service.get_session(app_name="shop", user_id="ada", session_id=session.id)
+            listed = (await service.list_sessions(app_name="shop", user_id="ada")).sessions
+    finally:
+        await launcher.stop()
+    assert stored is not None
+    assert [e.actions.state_delta["last"] for e in stored.events] == [6, 7, 8, 9]
+    assert stored.state == {"first": 0, "last": 9, **{f"k{n}": n for n in range(1, 10)}} == session.state
+    assert stored.last_update_time == session.last_update_time
+    assert [(s.id, s.state) for s in listed] == [(session.id, stored.state)]
