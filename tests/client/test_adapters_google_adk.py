@@ -124,3 +124,16 @@ async def test_past_the_stored_cap_a_session_keeps_its_state_and_newest_events(
     assert stored.state == {"first": 0, "last": 9, **{f"k{n}": n for n in range(1, 10)}} == session.state
     assert stored.last_update_time == session.last_update_time
     assert [(s.id, s.state) for s in listed] == [(session.id, stored.state)]
+
+
+async def test_an_equal_event_appended_again_is_stored_once(launcher: Launcher) -> None:
+    async with AsyncMemoryClient(memory_url(launcher)) as memory:
+        service = SessionmemSessionService(memory)
+        session = await service.create_session(app_name="shop", user_id="ada")
+        event = state_event({"cart": 1})
+        await service.append_event(session, event)
+        await service.append_event(session, event.model_copy(deep=True))  # a re-delivery, e.g. after a timeout
+        await service.append_event(session, state_event({"cart": 1}))  # a new event (its own id): kept
+        stored = await service.get_session(app_name="shop", user_id="ada", session_id=session.id)
+    assert stored is not None
+    assert [e.id for e in stored.events] == [event.id, session.events[-1].id]
