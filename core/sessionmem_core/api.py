@@ -193,7 +193,7 @@ CONVERSATION_ID = Parameter(
     "conversationId",
     "path",
     {"type": "string", "minLength": 1, "maxLength": 128},
-    "Conversation id (sessionmem_core.ids): percent-encoded UTF-8; NFC and NFD forms are two ids",
+    "Conversation id (sessionmem_core.keys): percent-encoded UTF-8; NFC and NFD forms are two ids",
     required=True,
 )
 _IF_MATCH = Parameter(

@@ -26,7 +26,7 @@ import orjson
 from sessionmem_core import api
 from sessionmem_core.env import PROXY_URL, ConfigError, LauncherSettings
 from sessionmem_core.errors import BackendUnavailable, InvalidRequest, SessionMemError, UserCapabilityRequired
-from sessionmem_core.ids import ConversationId
+from sessionmem_core.keys import ConversationId
 from sessionmem_infra.backend_state import BackendState, cause_of
 from sessionmem_infra.http_client import HttpClient, HttpResponse
 from sessionmem_infra.telemetry import MemoryTracer, inject_traceparent

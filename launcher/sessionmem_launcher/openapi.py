@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from sessionmem_core import api, openapi, wire
-from sessionmem_launcher.memory_api import HEALTH_PATH, OPENAPI_FILE, OPENAPI_PATH
+from sessionmem_launcher.serving import HEALTH_PATH, OPENAPI_FILE, OPENAPI_PATH
 
 _ID = "conversationId"
 

@@ -9,8 +9,8 @@ import orjson
 from sessionmem_core import api
 from sessionmem_launcher import openapi
 from sessionmem_launcher.forward import POD_PARAMS
-from sessionmem_launcher.memory_api import OPENAPI_FILE
 from sessionmem_launcher.server import Launcher
+from sessionmem_launcher.serving import OPENAPI_FILE
 
 
 def test_the_committed_document_is_current() -> None:

@@ -1,23 +1,31 @@
-"""Request parameters, each declared once: its wire name, where it travels, its bounds and description.
-The same declaration parses a request (typed 400 naming the parameter) and describes it in the OpenAPI
-document (``sessionmem_proxy.openapi``), so the two cannot drift apart.
+"""Each operation's parameters, and the two operations of every agent turn (reading the window,
+appending the exchange).
 
-Each route's handler gets its parameters as one typed object (a ``Params`` class below: its fields are
-its ``PARAMS``' keys, in order, checked when the class is declared), so mypy checks every handler's use
-of them; the request is parsed once, in the app, into that object."""
+Request parameters are each declared once: their wire name, where they travel, their bounds and
+description. The same declaration parses a request (typed 400 naming the parameter) and describes it in
+the OpenAPI document (``sessionmem_proxy.openapi``), so the two cannot drift apart. Each route's handler
+gets its parameters as one typed object (a ``Params`` class below: its fields are its ``PARAMS``' keys, in
+order, checked when the class is declared), so mypy checks every handler's use of them; the request is
+parsed once, by the entrance (``sessionmem_proxy.routes``), into that object."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
-from sessionmem_core import api, env
+import orjson
+from pydantic import BaseModel
+
+from sessionmem_core import api, env, wire
 from sessionmem_core.errors import InvalidRequest
 from sessionmem_core.keys import Scope
-from sessionmem_proxy.identity import AgentIdentity
+from sessionmem_infra.serving import Reply, memory_reply
+from sessionmem_proxy.admission import AgentIdentity, Operation, ProxyContext, conversation_operation
+from sessionmem_proxy.redaction import strings_of, with_strings
+from sessionmem_proxy.store import EntryToStore, NewEntry
 
 Location = Literal["path", "query", "header"]
 _TRUE = frozenset({"true", "1", "yes", "on"})
@@ -125,7 +133,7 @@ def bounded_header(key: str, name: str, min_length: int, max_length: int, patter
 
 
 def _identity(raw: str) -> str:
-    return raw  # validated by the operation itself (sessionmem_core.ids), inside its span
+    return raw  # validated by the operation itself (sessionmem_core.keys), inside its span
 
 
 def from_contract(op: str, name: str, key: str | None = None) -> Param:
@@ -605,3 +613,97 @@ class AdminSpace(Protocol):
     def user(self) -> str | None: ...
     @property
     def bucket(self) -> str | None: ...
+
+
+# --- The two operations of every agent turn: reading the window and appending the exchange.
+#
+# Handlers take the proxy's context, their typed parameters as the app parsed them (``sessionmem_proxy.operations``)
+# and the validated body, and return a reply (``sessionmem_infra.serving``).
+
+
+def operation(ctx: ProxyContext, op: str, p: OnConversation) -> conversation_operation:
+    """The operation on the conversation a request names, from the parameters every such route takes."""
+    return conversation_operation(
+        ctx, op, p.conversation_id, p.scope, p.authorization, p.capability, p.traceparent, p.verified
+    )
+
+
+async def new_entries(
+    ctx: ProxyContext, op: Operation, entries: Sequence[wire.EntryIn], redact: str
+) -> Sequence[EntryToStore]:
+    """The entries to store: the request's own, or redacted copies when the request asks for redaction,
+    which covers each entry's content and every string value inside its item. The redaction's CPU time is
+    charged to the agent's transfer rate (``Quotas.charge_cpu``): it is work the proxy does for that agent
+    alone, which its body size does not measure (card-like digits cost about a CPU-second per 0.75 MiB)."""
+    redactor = ctx.redaction.chain(redact.split(",")) if redact else None
+    if redactor is None:
+        return entries
+    texts: list[str] = []
+    for entry in entries:
+        texts.append(entry.content)
+        if entry.item is not None:
+            strings_of(entry.item, texts)
+    redacted_texts, cpu_seconds = await ctx.redaction.apply(redactor, texts)
+    ctx.quotas.charge_cpu(op.identity.owner, op.limits, cpu_seconds)
+    redacted = iter(redacted_texts)
+    copies: list[EntryToStore] = []
+    for entry in entries:
+        content = next(redacted)
+        item = None if entry.item is None else with_strings(entry.item, redacted)
+        copies.append(NewEntry(role=entry.role, content=content, id=entry.id, item=item))
+    return copies
+
+
+async def read_entries(ctx: ProxyContext, p: ReadParams, _: BaseModel | None) -> Reply:
+    async with operation(ctx, "get", p) as op:
+        limit = p.limit
+        store = ctx.store
+        result = await (store.read_with_summary(op.key, limit) if p.summary else store.read(op.key, limit))
+        op.span.entries, op.span.version = len(result.raw_entries), result.version
+        summary_part = (b',"summary":' + result.raw_summary) if result.raw_summary else b""
+        body = b"".join(
+            (
+                b'{"conversationId":',
+                orjson.dumps(op.conversation),
+                b',"scope":"',
+                op.scope.encode(),
+                b'","version":',
+                str(result.version).encode(),
+                b',"entries":',
+                result.entries_json(),
+                summary_part,
+                b"}",
+            )
+        )
+        ctx.quotas.charge(op.identity.owner, len(body))
+        return memory_reply(body, op.scope, len(result.raw_entries), result.version)
+
+
+async def append_entries(ctx: ProxyContext, p: AppendParams, body: BaseModel | None) -> Reply:
+    assert isinstance(body, wire.AppendRequest)  # the route table validated it
+    async with operation(ctx, "append", p) as op:
+        result = await ctx.store.append(
+            op.key,
+            await new_entries(ctx, op, body.entries, p.redact),
+            author=op.identity.owner.author,
+            cap=p.cap,
+            ttl_seconds=p.ttl_seconds,
+            quota=op.limits,
+            idempotency_key=p.idempotency_key,
+        )
+        op.span.entries, op.span.version = result.stored, result.version
+        duplicate = b"true" if result.duplicate else b"false"
+        return memory_reply(
+            b'{"version":%d,"stored":%d,"duplicate":%s,"scope":"%s","length":%d,"duplicateIds":%s}'
+            % (
+                result.version,
+                result.stored,
+                duplicate,
+                op.scope.encode(),
+                result.length,
+                orjson.dumps(result.duplicate_ids) if result.duplicate_ids else b"[]",
+            ),
+            op.scope,
+            result.stored,
+            result.version,
+        )
