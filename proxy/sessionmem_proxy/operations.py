@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
@@ -271,10 +271,10 @@ C = TypeVar("C")
 
 
 def declared(cls: C) -> C:
-    """Check, once, that a parameter set's fields are its ``PARAMS``' keys in order (besides fields with a
-    default, which the app sets itself): the declaration and the class cannot drift apart."""
+    """Check, once, that a parameter set's fields are its ``PARAMS``' keys in order (besides keyword-only
+    fields, which the app sets itself): the declaration and the class cannot drift apart."""
     keys = [param.key for param in cls.PARAMS]  # type: ignore[attr-defined]
-    parsed = [f.name for f in fields(cls)][: len(keys)]  # type: ignore[arg-type]
+    parsed = [f.name for f in fields(cls) if not f.kw_only][: len(keys)]  # type: ignore[arg-type]
     if parsed != keys:
         raise TypeError(f"{cls.__name__} fields {parsed} are not its PARAMS {keys}")  # type: ignore[attr-defined]
     return cls
@@ -329,8 +329,9 @@ class NoParams:
 @declared
 @dataclass(slots=True)
 class ConversationParams:
-    """An operation on one conversation (info, delete); ``verified``: the caller, when the app verified it
-    before reading the body (the operation then does not verify the same token again)."""
+    """An operation on one conversation (info), and what every other one takes besides its own (the sets
+    below extend it); ``verified``: the caller, when the app verified it before reading the body (the
+    operation then does not verify the same token again)."""
 
     PARAMS: ClassVar[tuple[Param, ...]] = CONVERSATION
     conversation_id: str
@@ -338,139 +339,74 @@ class ConversationParams:
     authorization: str | None
     traceparent: str | None
     capability: str | None
-    verified: AgentIdentity | None = None
+    verified: AgentIdentity | None = field(default=None, kw_only=True)
 
 
 @declared
 @dataclass(slots=True)
-class ReadParams:
+class ReadParams(ConversationParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, READ_LIMIT, SUMMARY)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     limit: int
     summary: bool
-    verified: AgentIdentity | None = None
 
 
 @declared
 @dataclass(slots=True)
-class AppendParams:
+class AppendParams(ConversationParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, *WRITE, IDEMPOTENCY_KEY)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     cap: int
     ttl_seconds: int
     redact: str
     idempotency_key: str | None
-    verified: AgentIdentity | None = None
 
 
 @declared
 @dataclass(slots=True)
-class ReplaceParams:
+class ReplaceParams(ConversationParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, *WRITE, IF_MATCH)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     cap: int
     ttl_seconds: int
     redact: str
     if_match: str | None
-    verified: AgentIdentity | None = None
 
 
 @declared
 @dataclass(slots=True)
-class ConditionalParams:
+class ConditionalParams(ConversationParams):
     """An operation on one conversation conditional on its version (delete, pop, rewind)."""
 
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, IF_MATCH)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     if_match: str | None
-    verified: AgentIdentity | None = None
 
 
 @declared
 @dataclass(slots=True)
-class CompactParams:
+class CompactParams(ConversationParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, REDACT)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     redact: str
-    verified: AgentIdentity | None = None
 
 
 @declared
 @dataclass(slots=True)
-class ForkParams:
+class ForkParams(ConversationParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, CAP, TTL)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     cap: int
     ttl_seconds: int
-    verified: AgentIdentity | None = None
 
 
 @declared
 @dataclass(slots=True)
-class SearchParams:
+class SearchParams(ConversationParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, SEARCH_Q, SEARCH_LIMIT)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     q: str
     limit: int
-    verified: AgentIdentity | None = None
 
 
 @declared
 @dataclass(slots=True)
-class ExportParams:
+class ExportParams(ConversationParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, EXPORT_OFFSET)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     offset: int
-    verified: AgentIdentity | None = None
-
-
-class OnConversation(Protocol):
-    """What every operation on one conversation takes (``context.conversation_operation``)."""
-
-    @property
-    def conversation_id(self) -> str: ...
-    @property
-    def scope(self) -> Scope: ...
-    @property
-    def authorization(self) -> str | None: ...
-    @property
-    def traceparent(self) -> str | None: ...
-    @property
-    def capability(self) -> str | None: ...
-    @property
-    def verified(self) -> AgentIdentity | None: ...
 
 
 @declared
@@ -517,12 +453,18 @@ class AdminParams:
 
 @declared
 @dataclass(slots=True)
-class AdminUserParams:
+class AdminSpaceParams(AdminParams):
+    """An administrator's operation on one agent's memory, or on one user bucket of it."""
+
+    PARAMS: ClassVar[tuple[Param, ...]] = ADMIN_SPACE
+    user: str | None
+    bucket: str | None
+
+
+@declared
+@dataclass(slots=True)
+class AdminUserParams(AdminParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN, USER)
-    namespace: str
-    agent: str
-    authorization: str | None
-    traceparent: str | None
     user: str
 
 
@@ -547,55 +489,31 @@ class AdminRegistryParams:
 
 @declared
 @dataclass(slots=True)
-class AdminListParams:
+class AdminListParams(AdminSpaceParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN_SPACE, ADMIN_LIST_LIMIT, ADMIN_CURSOR)
-    namespace: str
-    agent: str
-    authorization: str | None
-    traceparent: str | None
-    user: str | None
-    bucket: str | None
     limit: int
     cursor: str
 
 
 @declared
 @dataclass(slots=True)
-class AdminShowParams:
+class AdminShowParams(AdminSpaceParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN_SPACE, CONVERSATION_ID, ADMIN_LAST)
-    namespace: str
-    agent: str
-    authorization: str | None
-    traceparent: str | None
-    user: str | None
-    bucket: str | None
     conversation_id: str
     last: int
 
 
 @declared
 @dataclass(slots=True)
-class AdminConversationParams:
+class AdminConversationParams(AdminSpaceParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN_SPACE, CONVERSATION_ID)
-    namespace: str
-    agent: str
-    authorization: str | None
-    traceparent: str | None
-    user: str | None
-    bucket: str | None
     conversation_id: str
 
 
 @declared
 @dataclass(slots=True)
-class AdminExportParams:
+class AdminExportParams(AdminSpaceParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN_SPACE, ADMIN_EXPORTED, EXPORT_OFFSET)
-    namespace: str
-    agent: str
-    authorization: str | None
-    traceparent: str | None
-    user: str | None
-    bucket: str | None
     conversation: str
     offset: int
 
@@ -621,7 +539,7 @@ class AdminSpace(Protocol):
 # and the validated body, and return a reply (``sessionmem_infra.serving``).
 
 
-def operation(ctx: ProxyContext, op: str, p: OnConversation) -> conversation_operation:
+def operation(ctx: ProxyContext, op: str, p: ConversationParams) -> conversation_operation:
     """The operation on the conversation a request names, from the parameters every such route takes."""
     return conversation_operation(
         ctx, op, p.conversation_id, p.scope, p.authorization, p.capability, p.traceparent, p.verified
