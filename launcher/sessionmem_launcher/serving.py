@@ -222,7 +222,10 @@ class MemoryEndpoint:
         else:
             query = api.parse_query(scope.query_string)
             reply = await self._forwarder.forward(op, conversation, caller, query, body)
-        proto.response_bytes(reply.status, json_headers(reply.status), reply.body)
+        answer_headers = json_headers(reply.status)
+        if reply.retry_after is not None:
+            answer_headers = [*answer_headers, ("retry-after", reply.retry_after)]
+        proto.response_bytes(reply.status, answer_headers, reply.body)
 
     def _capability_of(self, scope: Scope) -> str | None:
         """The capability of the turn the call names, or None for a call outside any user's turn."""

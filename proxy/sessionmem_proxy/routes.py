@@ -55,10 +55,6 @@ OVERLOADED_STATUS = 503
 # An operation on behalf of a verified caller: a refused parameter or id, no or a bad token, a token that
 # is not an agent's, the identity service or the backend unreachable.
 CALLER_STATUSES = frozenset({400, 401, 403, 429, 503})
-# A request that stores: over the agent's storage quota.
-STORE_STATUSES = frozenset({507})
-# A request with a body: over the body limit, or not arrived within the body timeout.
-BODY_STATUSES = frozenset({400, 408, 413})
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,12 +119,10 @@ def _model(name: str | None) -> type[BaseModel] | None:
     return model
 
 
-def _memory(
-    op: str, kind: type[P], handler: Handler[P], statuses: frozenset[int], tag: str = "memory", detail: str = ""
-) -> Route[P]:
-    """The route of a memory operation as the contract declares it (``api.MEMORY_OPERATIONS``), served by
-    ``handler`` with the parameter set ``kind``; ``detail`` adds to the declared summary what is the
-    proxy's own."""
+def _memory(op: str, kind: type[P], handler: Handler[P], tag: str = "memory", detail: str = "") -> Route[P]:
+    """The route of a memory operation as the contract declares it (``api.MEMORY_OPERATIONS``: method,
+    path, models and the statuses of its own), served by ``handler`` with the parameter set ``kind``;
+    ``detail`` adds to the declared summary what is the proxy's own."""
     declared = api.MEMORY_OPERATION[op]
     return Route(
         op,
@@ -137,7 +131,7 @@ def _memory(
         kind,
         handler,
         _model(declared.response),
-        statuses,
+        CALLER_STATUSES | frozenset(declared.statuses),
         declared.summary + detail,
         tag,
         request=_model(declared.request),
@@ -185,51 +179,49 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         "openapi", "GET", "/openapi.json", operations.NoParams, _openapi, None, frozenset(), "This document", "health"
     ),
     # The memory operations: method, path, summary and models as the contract declares them.
-    _memory("get", operations.ReadParams, operations.read_entries, CALLER_STATUSES, "memory"),
+    _memory("get", operations.ReadParams, operations.read_entries, "memory"),
     _memory(
-        "append", operations.AppendParams, operations.append_entries, CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES
+        "append",
+        operations.AppendParams,
+        operations.append_entries,
     ),
-    _memory("search", operations.SearchParams, lifecycle.search, CALLER_STATUSES, "memory"),
+    _memory("search", operations.SearchParams, lifecycle.search, "memory"),
     _memory(
         "export",
         operations.ExportParams,
         lifecycle.export,
-        CALLER_STATUSES,
         "lifecycle",
         ", one page of about 1 MiB at a time (nextOffset: where the next starts)",
     ),
-    _memory("info", operations.ConversationParams, lifecycle.info, CALLER_STATUSES, "lifecycle"),
+    _memory("info", operations.ConversationParams, lifecycle.info, "lifecycle"),
     _memory(
-        "replace", operations.ReplaceParams, lifecycle.replace, CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {412}
+        "replace",
+        operations.ReplaceParams,
+        lifecycle.replace,
     ),
-    _memory("delete", operations.ConditionalParams, lifecycle.delete, CALLER_STATUSES | {412}, "memory"),
-    _memory("pop", operations.ConditionalParams, lifecycle.pop, CALLER_STATUSES | {412}, "memory"),
-    _memory(
-        "rewind", operations.ConditionalParams, lifecycle.rewind, CALLER_STATUSES | BODY_STATUSES | {412}, "memory"
-    ),
+    _memory("delete", operations.ConditionalParams, lifecycle.delete, "memory"),
+    _memory("pop", operations.ConditionalParams, lifecycle.pop, "memory"),
+    _memory("rewind", operations.ConditionalParams, lifecycle.rewind, "memory"),
     _memory(
         "compact",
         operations.CompactParams,
         lifecycle.compact,
-        CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {404},
         "memory",
     ),
     _memory(
         "fork",
         operations.ForkParams,
         lifecycle.fork,
-        CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {409},
         "memory",
     ),
-    _memory("list", operations.ListParams, lifecycle.list_conversations, CALLER_STATUSES, "lifecycle"),
+    _memory("list", operations.ListParams, lifecycle.list_conversations, "lifecycle"),
     _memory(
         "metadata",
         operations.ConversationParams,
         lifecycle.set_metadata,
-        CALLER_STATUSES | BODY_STATUSES | {404},
         "lifecycle",
     ),
-    _memory("clear", operations.ClearParams, lifecycle.clear_all, CALLER_STATUSES, "lifecycle"),
+    _memory("clear", operations.ClearParams, lifecycle.clear_all, "lifecycle"),
     Route(
         "admin_erase_agent",
         "DELETE",
@@ -331,7 +323,7 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         "An agent's stored conversations and bytes against its quotas (RBAC: get agentdeployments/memory)",
         "administration",
     ),
-    _memory("erase_user", operations.EraseUserParams, lifecycle.erase_user, CALLER_STATUSES, "lifecycle"),
+    _memory("erase_user", operations.EraseUserParams, lifecycle.erase_user, "lifecycle"),
 )
 
 _CONVERSATIONS = f"{api.API_PREFIX}/conversations/"
