@@ -25,7 +25,7 @@ class _Context:
 
 
 def _sync_context(request: Request) -> _Context:
-    # Like sessionmem_proxy.context._context: a plain ``def`` dependency (FastAPI runs it in a thread pool).
+    # Like sessionmem_proxy.admission._context: a plain ``def`` dependency (FastAPI runs it in a thread pool).
     ctx: _Context = request.app.state.ctx
     return ctx
 

@@ -28,7 +28,7 @@ DEV_AGENT = "agent"
 
 
 def bench_token() -> str:
-    """The credential of the proxy's explicit dev auth mode (see sessionmem_proxy.identity.dev_token)."""
+    """The credential of the proxy's explicit dev auth mode (see sessionmem_proxy.admission.dev_token)."""
     from sessionmem_core.devauth import dev_token
 
     return dev_token(DEV_NAMESPACE, DEV_AGENT)

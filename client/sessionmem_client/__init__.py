@@ -36,7 +36,7 @@ from sessionmem_core.errors import (
     UserCapabilityRequired,
     VersionConflict,
 )
-from sessionmem_core.ids import is_valid_id, new_conversation_id, validate_conversation_id
+from sessionmem_core.keys import is_valid_id, new_conversation_id, validate_conversation_id
 from sessionmem_core.wire import (
     AppendResponse,
     ClearResponse,

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from sessionmem_core import api, env, wire
 from sessionmem_core.env import ConfigError
 from sessionmem_core.errors import BackendUnavailable, InvalidRequest, SessionMemError, from_wire
-from sessionmem_core.ids import new_message_id, validate_conversation_id
+from sessionmem_core.keys import new_message_id, validate_conversation_id
 from sessionmem_infra.http_client import IDEMPOTENT_METHODS
 
 M = TypeVar("M", bound=BaseModel)

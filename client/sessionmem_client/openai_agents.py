@@ -31,7 +31,7 @@ from typing import Any
 from sessionmem_client._requests import EntryFields
 from sessionmem_client.client import AsyncMemoryClient
 from sessionmem_core import env
-from sessionmem_core.ids import new_message_id, validate_conversation_id
+from sessionmem_core.keys import new_message_id, validate_conversation_id
 
 try:
     from agents.items import TResponseInputItem

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from sessionmem_client.client import AsyncMemoryClient, MemoryClient
 from sessionmem_core import wire
 from sessionmem_core.errors import BackendUnavailable
-from sessionmem_core.ids import validate_conversation_id
+from sessionmem_core.keys import validate_conversation_id
 
 __all__ = ["CorpusRetriever", "MemoryAugmentedRetriever", "mix"]
 

@@ -9,7 +9,7 @@ stays free of pydantic; the request/response models live in ``sessionmem_core.wi
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote
 
@@ -181,11 +181,28 @@ class MemoryOperation:
     # Its name among the memory operations of OpenTelemetry's GenAI semantic conventions (in development:
     # ``gen_ai.operation.name``), where one fits; its spans carry it beside ``memory.*`` (docs/observability.md).
     genai: str | None = None
+    # What it may answer besides 200, what every operation may (each server says that) and what its body
+    # and its storing may (``statuses``): its own errors, with what each means.
+    answers: Mapping[int, str] = field(default_factory=dict)
+
+    @property
+    def statuses(self) -> dict[int, str]:
+        """Every status this operation may answer besides 200 and those every operation may: its body's
+        (``BODY_ANSWERS``), its storing's (``STORE_ANSWERS``) and its own."""
+        return {**(BODY_ANSWERS if self.request else {}), **(STORE_ANSWERS if self.writes else {}), **self.answers}
 
     @property
     def on_conversation(self) -> bool:
         return CONVERSATION_ID_TEMPLATE in self.path
 
+
+# What a request with a body may also be answered, and one that stores.
+BODY_ANSWERS: Mapping[int, str] = {
+    408: "The request body did not arrive within the body timeout",
+    413: "The request body exceeds the body limit",
+}
+STORE_ANSWERS: Mapping[int, str] = {507: "The agent's storage quota is full (quota_exceeded)"}
+_VERSION_MISMATCH = {412: "If-Match does not match the version (version_conflict)"}
 
 CONVERSATION_ID_TEMPLATE = "{conversationId}"
 CONVERSATION_PATH_TEMPLATE = f"{API_PREFIX}/conversations/{CONVERSATION_ID_TEMPLATE}"
@@ -193,7 +210,7 @@ CONVERSATION_ID = Parameter(
     "conversationId",
     "path",
     {"type": "string", "minLength": 1, "maxLength": 128},
-    "Conversation id (sessionmem_core.ids): percent-encoded UTF-8; NFC and NFD forms are two ids",
+    "Conversation id (sessionmem_core.keys): percent-encoded UTF-8; NFC and NFD forms are two ids",
     required=True,
 )
 _IF_MATCH = Parameter(
@@ -299,6 +316,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         writes=True,
         params=(_IF_MATCH,),
         genai="upsert_memory",
+        answers=_VERSION_MISMATCH,
     ),
     MemoryOperation(
         "delete",
@@ -308,6 +326,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "DeleteResponse",
         params=(_IF_MATCH,),
         genai="delete_memory",
+        answers=_VERSION_MISMATCH,
     ),
     MemoryOperation(
         "pop",
@@ -317,6 +336,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "PopResponse",
         params=(_IF_MATCH,),
         genai="update_memory",
+        answers=_VERSION_MISMATCH,
     ),
     MemoryOperation(
         "rewind",
@@ -327,6 +347,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "RewindRequest",
         params=(_IF_MATCH,),
         genai="update_memory",
+        answers=_VERSION_MISMATCH,
     ),
     MemoryOperation(
         "compact",
@@ -338,6 +359,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "CompactRequest",
         writes=True,
         genai="update_memory",
+        answers={404: "The conversation holds nothing"},
     ),
     MemoryOperation(
         "fork",
@@ -348,6 +370,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "ForkRequest",
         writes=True,
         genai="create_memory",
+        answers={409: "A conversation with the new id exists already (conversation_exists)"},
     ),
     MemoryOperation(
         "list",
@@ -373,6 +396,7 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         "Set a conversation's title and labels in the catalogue (a field left out is kept; null clears it)",
         "ConversationRef",
         "MetadataRequest",
+        answers={404: "The catalogue lists no such conversation"},
     ),
     MemoryOperation(
         "clear",

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from sessionmem_core import env
-from sessionmem_core.ids import validate_message_id
+from sessionmem_core.keys import validate_message_id
 
 
 class Role(StrEnum):

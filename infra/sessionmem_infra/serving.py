@@ -10,7 +10,11 @@ URL length (414), body size (413) and body timeout (408); the app counts its req
 
 from __future__ import annotations
 
+import asyncio
 import resource
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
 
 from granian.http import HTTP1Settings
 from granian.rsgi import HTTPProtocol, ProtocolClosed, ProtocolError, Scope
@@ -25,8 +29,11 @@ from sessionmem_core.errors import (
     RequestTimeout,
     SessionMemError,
     UriTooLong,
+    error_body,
 )
-from sessionmem_infra.deadlines import Deadlines
+
+if TYPE_CHECKING:  # the launcher serves with this module and never loads pydantic
+    from pydantic import BaseModel
 
 # hyper's smallest read buffer; a head must fit in the buffer, so it is also the smallest header limit.
 MIN_READ_BUFFER = 8192
@@ -272,3 +279,195 @@ def respond(proto: HTTPProtocol, status: int, body: bytes, headers: list[tuple[s
 
 def respond_error(proto: HTTPProtocol, error: SessionMemError) -> None:
     proto.response_bytes(error.status, [*json_headers(error.status), *error.headers()], error.body())
+
+
+# --- Timeouts of one length for many concurrent waits, on one event-loop timer.
+#
+# ``asyncio.timeout`` arms a loop timer when a wait starts and cancels it when the wait ends. On a path every
+# request takes (reading a request body), arming and cancelling that timer cost more CPU than the rest of the
+# read (docs/benchmarks.md). Deadlines of one length pass in the order they were set, so one timer, armed
+# for the oldest wait still under way, serves them all: starting a wait is a dict insertion, ending it a
+# removal, and the timer is re-armed only when it fires.
+#
+# ``Deadlines(seconds).timeout()`` is used as ``asyncio.timeout(seconds)`` is, with a plain ``with`` (entering
+# and leaving it awaits nothing): the block's task is cancelled once the deadline passes, the block then
+# raising TimeoutError. A cancellation
+# that is not the deadline's (the request's task cancelled from outside) propagates as it would.
+
+# The loop's timers fire to the millisecond: a wait due within this margin counts as passed when the timer
+# fires, rather than re-arming a timer for a fraction of a millisecond.
+_MARGIN_SECONDS = 0.001
+
+
+class Deadlines:
+    """The deadlines of the waits under way, oldest first, and the one timer that expires them."""
+
+    __slots__ = ("_loop", "_pending", "_timer", "seconds")
+
+    def __init__(self, seconds: float) -> None:
+        if not seconds > 0:
+            raise ValueError(f"a timeout must be positive, not {seconds!r}")
+        self.seconds = seconds
+        # Insertion order is deadline order (one length for all): the first key is the oldest wait.
+        self._pending: dict[TaskTimeout, None] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def timeout(self) -> TaskTimeout:
+        """A ``with`` block, in a task, that raises TimeoutError once ``seconds`` have passed since it began."""
+        return TaskTimeout(self)
+
+    @property
+    def waiting(self) -> int:
+        """How many waits are under way."""
+        return len(self._pending)
+
+    def _start(self, wait: TaskTimeout) -> float:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # Another loop (a new worker's, a test's): the old loop's timer and waits are not this one's.
+            self._loop, self._pending, self._timer = loop, {}, None
+        deadline = loop.time() + self.seconds
+        self._pending[wait] = None
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._expire)
+        return deadline
+
+    def _end(self, wait: TaskTimeout) -> None:
+        self._pending.pop(wait, None)
+
+    def _expire(self) -> None:
+        self._timer = None
+        loop, pending = self._loop, self._pending
+        assert loop is not None
+        now = loop.time() + _MARGIN_SECONDS
+        while pending:
+            oldest = next(iter(pending))
+            if oldest.deadline > now:
+                self._timer = loop.call_at(oldest.deadline, self._expire)
+                return
+            del pending[oldest]
+            oldest.expire()
+
+
+class TaskTimeout:
+    """One wait: cancels its task when its deadline passes, and turns that cancellation into TimeoutError."""
+
+    __slots__ = ("_cancelling", "_deadlines", "_task", "deadline", "expired")
+
+    def __init__(self, deadlines: Deadlines) -> None:
+        self._deadlines = deadlines
+        self._task: asyncio.Task[object] | None = None
+        self._cancelling = 0
+        self.deadline = 0.0
+        self.expired = False
+
+    def __enter__(self) -> TaskTimeout:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a timeout needs a task to cancel")
+        self._task = task
+        self._cancelling = task.cancelling()
+        self.deadline = self._deadlines._start(self)
+        return self
+
+    def expire(self) -> None:
+        self.expired = True
+        assert self._task is not None
+        self._task.cancel()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._deadlines._end(self)
+        if not self.expired:
+            return
+        assert self._task is not None
+        # The same test asyncio.timeout makes: the cancellation is the deadline's only when no other
+        # cancellation of the task is outstanding.
+        if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+            raise TimeoutError(f"not done within {self._deadlines.seconds:g} s") from exc
+
+
+# --- The one reply builder: every answer of the proxy is a ``Reply`` (status, headers as granian's RSGI takes
+# them, whole body), made here; typed errors become their status and typed body here.
+
+Headers = list[tuple[str, str]]
+_SCOPE, _ENTRIES, _VERSION = api.SCOPE_HEADER, api.ENTRIES_HEADER, api.VERSION_HEADER
+
+
+@dataclass(slots=True)  # not frozen: one is built per request (see sessionmem_proxy.store.AppendResult)
+class Reply:
+    status: int
+    headers: Headers
+    body: bytes
+
+
+def memory_headers(scope: str, entries: int, version: int | None) -> Headers:
+    headers = [*JSON_HEADERS, (_SCOPE, scope), (_ENTRIES, str(entries))]
+    if version is not None:
+        headers.append((_VERSION, str(version)))
+    return headers
+
+
+def json_reply(body: bytes, status: int = 200) -> Reply:
+    return Reply(status, JSON_HEADERS, body)
+
+
+def model_reply(model: BaseModel) -> Reply:
+    return Reply(200, JSON_HEADERS, model.model_dump_json(by_alias=True).encode())
+
+
+def memory_reply(body: bytes | BaseModel, scope: str, entries: int, version: int | None) -> Reply:
+    """A memory operation's answer: its body plus the headers that repeat scope, entries and version."""
+    raw = body if isinstance(body, bytes) else body.model_dump_json(by_alias=True).encode()
+    return Reply(200, memory_headers(scope, entries, version), raw)
+
+
+def text_reply(body: bytes, content_type: str) -> Reply:
+    return Reply(200, [("content-type", content_type)], body)
+
+
+def error_reply(error: SessionMemError, extra: Headers | None = None) -> Reply:
+    return Reply(error.status, [*JSON_HEADERS, *error.headers(), *(extra or ())], error.body())
+
+
+def internal_error_reply(exc: BaseException) -> Reply:
+    # Still a typed body: a client must never have to parse a bare text error.
+    return Reply(500, JSON_HEADERS, error_body("internal", f"internal error ({type(exc).__name__})"))
+
+
+# --- The token bucket the proxy counts every rate with: an agent's requests and transfer
+# (``sessionmem_proxy.admission.Quotas``), the API calls for unknown tokens (``tokenreview``) and for
+# administrators (``admin``).
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """At most ``per_second`` on average, ``burst`` at once."""
+
+    per_second: float
+    burst: int
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    """``tokens`` as of ``at`` (a monotonic clock's seconds); it refills at a rate up to a burst, which
+    the caller passes on each look (an agent's limits may change between two). A charge may put it in
+    debt (negative tokens)."""
+
+    tokens: float
+    at: float
+
+    def refill(self, now: float, rate: float, burst: float) -> float:
+        """The tokens at ``now``: what came back since the last look, up to ``burst``."""
+        self.tokens = min(burst, self.tokens + (now - self.at) * rate)
+        self.at = now
+        return self.tokens
+
+    def take(self, now: float, rate: float, burst: float) -> float:
+        """Takes one token and answers 0, or takes nothing and answers the seconds until one is back."""
+        if self.refill(now, rate, burst) < 1.0:
+            return (1.0 - self.tokens) / rate
+        self.tokens -= 1.0
+        return 0.0

@@ -26,7 +26,7 @@ import orjson
 from sessionmem_core import api
 from sessionmem_core.env import PROXY_URL, ConfigError, LauncherSettings
 from sessionmem_core.errors import BackendUnavailable, InvalidRequest, SessionMemError, UserCapabilityRequired
-from sessionmem_core.ids import ConversationId
+from sessionmem_core.keys import ConversationId
 from sessionmem_infra.backend_state import BackendState, cause_of
 from sessionmem_infra.http_client import HttpClient, HttpResponse
 from sessionmem_infra.telemetry import MemoryTracer, inject_traceparent
@@ -41,6 +41,7 @@ _SCOPE = api.SCOPE_HEADER.encode()
 _LOG = logging.getLogger("sessionmem.launcher")
 _IF_MATCH = api.IF_MATCH_HEADER.encode()
 _IDEMPOTENCY_KEY = api.IDEMPOTENCY_KEY_HEADER.encode()
+_RETRY_AFTER = "retry-after"
 # How often an export starts over when the conversation changed between its pages.
 _EXPORT_ATTEMPTS = 3
 
@@ -79,6 +80,13 @@ class MemoryReply:
     scope: str | None = None
     entries: int | None = None
     version: int | None = None
+    # What the answer tells the agent besides its body: when to retry a 429 or a 503 (Retry-After).
+    retry_after: str | None = None
+
+
+def _refusal(error: SessionMemError) -> MemoryReply:
+    retry_after = next((value for name, value in error.headers() if name == _RETRY_AFTER), None)
+    return MemoryReply(error.status, error.body(), retry_after=retry_after)
 
 
 class Transport(Protocol):
@@ -238,7 +246,7 @@ class Forwarder:
                     span.fail(_error_type(reply.body))
                 return reply
         except SessionMemError as exc:
-            return MemoryReply(exc.status, exc.body())
+            return _refusal(exc)
 
     def refused(self, op: str, conversation_id: str, caller: CallerHeaders, error: SessionMemError) -> MemoryReply:
         """The typed answer of an operation refused before it could be forwarded (a bad id, a body over the
@@ -249,7 +257,7 @@ class Forwarder:
                 span.scope = self._settings.scope
                 raise error
         except SessionMemError as exc:
-            return MemoryReply(exc.status, exc.body())
+            return _refusal(exc)
 
     async def _export(self, path: str, query: Sequence[tuple[str, str]], caller: CallerHeaders) -> MemoryReply:
         """The whole conversation as one ``History``: the proxy answers an export a page at a time (so it
@@ -329,6 +337,7 @@ class Forwarder:
             response.header(_SCOPE),
             _int_header(response, api.ENTRIES_HEADER),
             _int_header(response, api.VERSION_HEADER),
+            response.header(_RETRY_AFTER.encode()) if response.status in (429, 503) else None,
         )
 
     async def aclose(self) -> None:

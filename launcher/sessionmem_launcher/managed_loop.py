@@ -26,13 +26,12 @@ from granian.rsgi import HTTPProtocol, Scope
 from sessionmem_core import api
 from sessionmem_core.env import LauncherSettings
 from sessionmem_core.errors import InvalidRequest, SessionMemError
-from sessionmem_core.ids import ConversationId, new_message_id, parse_conversation_id
+from sessionmem_core.keys import ConversationId, new_message_id, parse_conversation_id
 from sessionmem_infra.http_client import HttpClient
 from sessionmem_infra.serving import respond
 from sessionmem_launcher.forward import CallerHeaders, Forwarder
-from sessionmem_launcher.memory_api import HEALTH_PATH, HEALTHY
 from sessionmem_launcher.replay import history_from, load_counter, within_budget
-from sessionmem_launcher.serving import Admission, ListenerLimits
+from sessionmem_launcher.serving import HEALTH_PATH, HEALTHY, Admission, ListenerLimits
 from sessionmem_launcher.summary import Compactor, summarizer_from_settings
 from sessionmem_launcher.turns import TurnBindings
 

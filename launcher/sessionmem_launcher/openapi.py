@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from sessionmem_core import api, openapi, wire
-from sessionmem_launcher.memory_api import HEALTH_PATH, OPENAPI_FILE, OPENAPI_PATH
+from sessionmem_launcher.serving import HEALTH_PATH, OPENAPI_FILE, OPENAPI_PATH
 
 _ID = "conversationId"
 
@@ -50,11 +50,6 @@ _TURN = api.Parameter(
         f"A user capability ({api.USER_CAPABILITY_HEADER}) is never accepted here."
     ),
 )
-_BODY_STATUSES = {
-    408: "The request body did not arrive within the body timeout",
-    413: "The request body exceeds the body limit",
-}
-
 ANSWERED_BY_EVERY_OPERATION = {
     400: "Invalid conversation id or request, or a header value that is not visible ASCII (typed error)",
     401: (
@@ -62,23 +57,13 @@ ANSWERED_BY_EVERY_OPERATION = {
         "handle is not live (turn_not_live); or a user capability was sent (capability_not_accepted)"
     ),
     403: "The pod's identity may not use this memory",
+    429: "The agent is over its request or transfer rate (rate_limited; Retry-After says when to retry)",
     414: "The request target exceeds the URL limit",
     431: "Too many request headers, or a request head over the header limit (the latter without a body)",
     503: "The proxy or its backend is unreachable, or the launcher has too many requests in flight",
 }
 
-# What the launcher adds to a declared operation: its statuses besides every operation's, and to its summary.
-_MISMATCH = {412: "If-Match does not match the version"}
-_STATUSES: dict[str, dict[int, str]] = {
-    "append": _BODY_STATUSES,
-    "replace": {**_BODY_STATUSES, **_MISMATCH},
-    "delete": _MISMATCH,
-    "pop": _MISMATCH,
-    "rewind": {**_BODY_STATUSES, **_MISMATCH},
-    "compact": {**_BODY_STATUSES, 404: "The conversation holds nothing"},
-    "fork": {**_BODY_STATUSES, 409: "A conversation with the new id exists already (conversation_exists)"},
-    "metadata": {**_BODY_STATUSES, 404: "The catalogue lists no such conversation"},
-}
+# What the launcher adds to a declared operation's summary.
 _DETAIL = {"export": ", all its pages joined into one History"}
 
 
@@ -98,7 +83,7 @@ ROUTES: tuple[Route, ...] = tuple(
         _model(declared.response),
         (*declared.params, _TURN),
         body=_model(declared.request),
-        statuses=_STATUSES.get(declared.op, {}),
+        statuses=declared.statuses,
     )
     for declared in api.MEMORY_OPERATIONS
 )

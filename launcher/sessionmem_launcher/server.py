@@ -14,8 +14,7 @@ from sessionmem_core.env import LauncherSettings
 from sessionmem_infra.telemetry import MemoryTracer, tracer_provider_from_env
 from sessionmem_launcher.forward import Forwarder, forwarder_from_settings
 from sessionmem_launcher.managed_loop import ManagedLoop
-from sessionmem_launcher.memory_api import MemoryEndpoint
-from sessionmem_launcher.serving import Listener, ListenerLimits, Serve, serve_in_background
+from sessionmem_launcher.serving import Listener, ListenerLimits, MemoryEndpoint, Serve, serve_in_background
 from sessionmem_launcher.turns import TurnBindings
 
 

@@ -23,7 +23,7 @@ import orjson
 from sessionmem_core import api
 from sessionmem_core.env import LauncherSettings
 from sessionmem_core.errors import SessionMemError
-from sessionmem_core.ids import ConversationId
+from sessionmem_core.keys import ConversationId
 from sessionmem_infra.http_client import HttpClient
 from sessionmem_launcher.forward import CallerHeaders, Forwarder
 

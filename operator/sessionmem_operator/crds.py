@@ -18,8 +18,7 @@ import yaml
 
 from sessionmem_core import env, kube
 from sessionmem_core.api import BUILTIN_REDACTORS
-from sessionmem_core.ids import DNS_LABEL_MAX
-from sessionmem_core.keys import Scope
+from sessionmem_core.keys import DNS_LABEL_MAX, Scope
 from sessionmem_operator.security import ADDABLE_CAPABILITIES
 from sessionmem_operator.spec import BUILTIN_SUMMARIZER, DEFAULT_TOKEN_COUNTER
 

@@ -25,21 +25,22 @@ from pydantic import BaseModel
 
 from sessionmem_core import api, kube, wire
 from sessionmem_core.errors import Forbidden, InvalidRequest, NotFound, SessionMemError
-from sessionmem_core.ids import parse_conversation_id
-from sessionmem_core.keys import Owner
-from sessionmem_proxy.bulk import erase_space, export_page
-from sessionmem_proxy.identity import bearer_token
-from sessionmem_proxy.keying import (
+from sessionmem_core.keys import (
+    Owner,
     agent_of,
     agent_space,
     bucket_and_conversation,
     bucket_space,
     conversation_key,
     keys_under,
+    parse_conversation_id,
     registry_space,
     user_bucket_keys,
 )
-from sessionmem_proxy.params import (
+from sessionmem_infra.serving import Reply, model_reply
+from sessionmem_proxy.admission import bearer_token
+from sessionmem_proxy.bulk import erase_space, export_page
+from sessionmem_proxy.operations import (
     AdminConversationParams,
     AdminExportParams,
     AdminListParams,
@@ -52,10 +53,9 @@ from sessionmem_proxy.params import (
     P,
 )
 from sessionmem_proxy.rbac import ERASE, LIST, READ, Administrator
-from sessionmem_proxy.replies import Reply, model_reply
 
 if TYPE_CHECKING:
-    from sessionmem_proxy.context import ProxyContext
+    from sessionmem_proxy.admission import ProxyContext
 
 _AUDIT = logging.getLogger("sessionmem.proxy.audit")
 # A conversation of a space, to read the space's accounting by (it is kept per space, not per conversation).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sessionmem_proxy.keying import data_key_unit_of_space, keys_under
+from sessionmem_core.keys import data_key_unit_of_space, keys_under
 from sessionmem_proxy.store import ConversationStore
 
 _SCAN_BATCH = 200

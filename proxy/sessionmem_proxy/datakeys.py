@@ -50,7 +50,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from sessionmem_core.capability import check_kid, key_files, new_key
 from sessionmem_core.errors import DataKeyUnavailable, SealedEntryInvalid
-from sessionmem_proxy.keying import data_key_space
+from sessionmem_core.keys import data_key_space
 
 if TYPE_CHECKING:
     from sessionmem_core.env import ProxySettings

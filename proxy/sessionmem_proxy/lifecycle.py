@@ -8,13 +8,19 @@ from pydantic import BaseModel
 
 from sessionmem_core import api, wire
 from sessionmem_core.errors import Forbidden, InvalidRequest, NotFound
-from sessionmem_core.ids import parse_conversation_id
-from sessionmem_core.keys import Scope
+from sessionmem_core.keys import (
+    Scope,
+    bucket_of,
+    conversation_in,
+    listing_key,
+    parse_conversation_id,
+    sibling_key,
+    usage_keys_of,
+)
+from sessionmem_infra.serving import Reply, memory_reply, model_reply
+from sessionmem_proxy.admission import ProxyContext, identify
 from sessionmem_proxy.bulk import erase_space, export_page
-from sessionmem_proxy.context import ProxyContext, identify
-from sessionmem_proxy.hot import new_entries, operation
-from sessionmem_proxy.keying import bucket_of_space, conversation_in, listing_key, sibling_key, usage_keys_of
-from sessionmem_proxy.params import (
+from sessionmem_proxy.operations import (
     ClearParams,
     CompactParams,
     ConditionalParams,
@@ -25,8 +31,9 @@ from sessionmem_proxy.params import (
     ListParams,
     ReplaceParams,
     SearchParams,
+    new_entries,
+    operation,
 )
-from sessionmem_proxy.replies import Reply, memory_reply, model_reply
 from sessionmem_proxy.store import READ_ANSWER_BYTES, CatalogueRecord, SearchRanking, without_rewound_at, written_at
 
 
@@ -233,7 +240,7 @@ async def list_conversations(ctx: ProxyContext, p: ListParams, _: BaseModel | No
         expiries, _sizes, meta, _summaries, index = usage_keys_of(listing_key(key_prefix))
         page = await ctx.store.catalogue_page(index, expiries, meta, _catalogue_cursor(p.cursor), p.limit)
         span.scope, span.entries = scope_used, len(page.records)
-        bucket = bucket_of_space(key_prefix)
+        bucket = bucket_of(key_prefix)
         response = wire.ConversationList(
             conversations=[_ref(conversation_in(key_prefix, r.key), r, bucket) for r in page.records],
             nextCursor=None if page.cursor is None else f"{page.cursor[0]}-{page.cursor[1]}",
@@ -262,7 +269,7 @@ async def set_metadata(ctx: ProxyContext, p: ConversationParams, body: BaseModel
         if record is None:
             raise NotFound(f"no conversation {op.conversation} in the catalogue")
         op.span.entries = record.entries
-        return model_reply(_ref(op.conversation, record, bucket_of_space(op.key)))
+        return model_reply(_ref(op.conversation, record, bucket_of(op.key)))
 
 
 async def clear_all(ctx: ProxyContext, p: ClearParams, _: BaseModel | None) -> Reply:

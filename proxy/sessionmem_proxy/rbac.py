@@ -22,7 +22,7 @@ import httpx
 
 from sessionmem_core import kube
 from sessionmem_core.errors import AuthUnavailable, Forbidden, Unauthenticated
-from sessionmem_proxy.buckets import Rate, TokenBucket
+from sessionmem_infra.serving import Rate, TokenBucket
 from sessionmem_proxy.kubeapi import KubeAPI
 
 MEMORY_SUBRESOURCE = "memory"

@@ -1,26 +1,48 @@
-"""The proxy's one route table: every operation declared once, as (method, path, parameters, handler,
-request model, response model, statuses). The app (``sessionmem_proxy.app``) serves requests from it and
+"""The proxy's entrance and its one route table. Every operation is declared once, as (method, path,
+parameters, handler, request model, response model, statuses); ``ProxyApp`` (an RSGI application, built by
+``sessionmem_proxy.app.create_app``) serves every request from that table within the serving limits, and
 ``sessionmem_proxy.openapi`` documents it; nothing else lists routes.
 
 Paths are matched on the path as granian decoded it: a conversation id is whatever sits between the prefix
-and the operation's suffix, checked by the one id rule (``sessionmem_core.ids``), which refuses the ``/``
+and the operation's suffix, checked by the one id rule (``sessionmem_core.keys``), which refuses the ``/``
 of a ``%2F`` and the U+FFFD granian puts where escapes were not UTF-8.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic
 
-from pydantic import BaseModel
+from granian.rsgi import HTTPProtocol, Scope
+from pydantic import BaseModel, ValidationError
 
 from sessionmem_core import api, wire
-from sessionmem_core.errors import BackendUnavailable, MethodNotAllowed, NotFound
-from sessionmem_proxy import admin, hot, lifecycle, params, rbac
-from sessionmem_proxy.context import ProxyContext, observe_backend
-from sessionmem_proxy.params import P, Param
-from sessionmem_proxy.replies import Reply, json_reply, text_reply
+from sessionmem_core.errors import (
+    BackendUnavailable,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    Overloaded,
+    SessionMemError,
+)
+from sessionmem_infra.serving import (
+    CONNECTION_CLOSE,
+    BodyMeter,
+    Reply,
+    RequestLimits,
+    closes_connection,
+    error_reply,
+    internal_error_reply,
+    json_reply,
+    text_reply,
+)
+from sessionmem_proxy import admin, lifecycle, operations, rbac
+from sessionmem_proxy.admission import AgentIdentity, ProxyContext, identify, observe_backend
+from sessionmem_proxy.operations import P, Param, RawRequest, parse
 from sessionmem_proxy.tokenreview import TokenReviewAuthenticator
 
 Handler = Callable[[ProxyContext, P, BaseModel | None], Awaitable[Reply]]
@@ -33,10 +55,6 @@ OVERLOADED_STATUS = 503
 # An operation on behalf of a verified caller: a refused parameter or id, no or a bad token, a token that
 # is not an agent's, the identity service or the backend unreachable.
 CALLER_STATUSES = frozenset({400, 401, 403, 429, 503})
-# A request that stores: over the agent's storage quota.
-STORE_STATUSES = frozenset({507})
-# A request with a body: over the body limit, or not arrived within the body timeout.
-BODY_STATUSES = frozenset({400, 408, 413})
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +86,11 @@ class Route(Generic[P]):
         return self.statuses | SERVING_STATUSES | overload | {200}
 
 
-async def _healthz(_ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None) -> Reply:
+async def _healthz(_ctx: ProxyContext, _p: operations.NoParams, _b: BaseModel | None) -> Reply:
     return json_reply(b'{"status":"ok"}')
 
 
-async def _readyz(ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None) -> Reply:
+async def _readyz(ctx: ProxyContext, _p: operations.NoParams, _b: BaseModel | None) -> Reply:
     try:
         await ctx.store.ping()
     except BackendUnavailable as exc:
@@ -82,7 +100,7 @@ async def _readyz(ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None) 
     return json_reply(b'{"status":"ready"}')
 
 
-async def _metrics(ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None) -> Reply:
+async def _metrics(ctx: ProxyContext, _p: operations.NoParams, _b: BaseModel | None) -> Reply:
     reviews: dict[str, Mapping[str, int]] = {}
     if isinstance(ctx.authenticator, TokenReviewAuthenticator):
         reviews["agent"] = ctx.authenticator.reviews
@@ -91,7 +109,7 @@ async def _metrics(ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None)
     return text_reply(ctx.metrics.render(reviews).encode(), "text/plain; version=0.0.4")
 
 
-async def _openapi(ctx: ProxyContext, _p: params.NoParams, _b: BaseModel | None) -> Reply:
+async def _openapi(ctx: ProxyContext, _p: operations.NoParams, _b: BaseModel | None) -> Reply:
     return json_reply(ctx.openapi())
 
 
@@ -101,12 +119,10 @@ def _model(name: str | None) -> type[BaseModel] | None:
     return model
 
 
-def _memory(
-    op: str, kind: type[P], handler: Handler[P], statuses: frozenset[int], tag: str = "memory", detail: str = ""
-) -> Route[P]:
-    """The route of a memory operation as the contract declares it (``api.MEMORY_OPERATIONS``), served by
-    ``handler`` with the parameter set ``kind``; ``detail`` adds to the declared summary what is the
-    proxy's own."""
+def _memory(op: str, kind: type[P], handler: Handler[P], tag: str = "memory", detail: str = "") -> Route[P]:
+    """The route of a memory operation as the contract declares it (``api.MEMORY_OPERATIONS``: method,
+    path, models and the statuses of its own), served by ``handler`` with the parameter set ``kind``;
+    ``detail`` adds to the declared summary what is the proxy's own."""
     declared = api.MEMORY_OPERATION[op]
     return Route(
         op,
@@ -115,7 +131,7 @@ def _memory(
         kind,
         handler,
         _model(declared.response),
-        statuses,
+        CALLER_STATUSES | frozenset(declared.statuses),
         declared.summary + detail,
         tag,
         request=_model(declared.request),
@@ -128,7 +144,7 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         "healthz",
         "GET",
         "/healthz",
-        params.NoParams,
+        operations.NoParams,
         _healthz,
         wire.Health,
         frozenset(),
@@ -140,7 +156,7 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         "readyz",
         "GET",
         api.PROXY_READY_PATH,
-        params.NoParams,
+        operations.NoParams,
         _readyz,
         wire.Health,
         frozenset({503}),
@@ -151,7 +167,7 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         "metrics",
         "GET",
         "/metrics",
-        params.NoParams,
+        operations.NoParams,
         _metrics,
         None,
         frozenset(),
@@ -159,50 +175,58 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         "health",
         content_type="text/plain",
     ),
-    Route("openapi", "GET", "/openapi.json", params.NoParams, _openapi, None, frozenset(), "This document", "health"),
+    Route(
+        "openapi", "GET", "/openapi.json", operations.NoParams, _openapi, None, frozenset(), "This document", "health"
+    ),
     # The memory operations: method, path, summary and models as the contract declares them.
-    _memory("get", params.ReadParams, hot.read_entries, CALLER_STATUSES, "memory"),
-    _memory("append", params.AppendParams, hot.append_entries, CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES),
-    _memory("search", params.SearchParams, lifecycle.search, CALLER_STATUSES, "memory"),
+    _memory("get", operations.ReadParams, operations.read_entries, "memory"),
+    _memory(
+        "append",
+        operations.AppendParams,
+        operations.append_entries,
+    ),
+    _memory("search", operations.SearchParams, lifecycle.search, "memory"),
     _memory(
         "export",
-        params.ExportParams,
+        operations.ExportParams,
         lifecycle.export,
-        CALLER_STATUSES,
         "lifecycle",
         ", one page of about 1 MiB at a time (nextOffset: where the next starts)",
     ),
-    _memory("info", params.ConversationParams, lifecycle.info, CALLER_STATUSES, "lifecycle"),
+    _memory("info", operations.ConversationParams, lifecycle.info, "lifecycle"),
     _memory(
-        "replace", params.ReplaceParams, lifecycle.replace, CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {412}
+        "replace",
+        operations.ReplaceParams,
+        lifecycle.replace,
     ),
-    _memory("delete", params.ConditionalParams, lifecycle.delete, CALLER_STATUSES | {412}, "memory"),
-    _memory("pop", params.ConditionalParams, lifecycle.pop, CALLER_STATUSES | {412}, "memory"),
-    _memory("rewind", params.ConditionalParams, lifecycle.rewind, CALLER_STATUSES | BODY_STATUSES | {412}, "memory"),
+    _memory("delete", operations.ConditionalParams, lifecycle.delete, "memory"),
+    _memory("pop", operations.ConditionalParams, lifecycle.pop, "memory"),
+    _memory("rewind", operations.ConditionalParams, lifecycle.rewind, "memory"),
     _memory(
         "compact",
-        params.CompactParams,
+        operations.CompactParams,
         lifecycle.compact,
-        CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {404},
         "memory",
     ),
     _memory(
-        "fork", params.ForkParams, lifecycle.fork, CALLER_STATUSES | BODY_STATUSES | STORE_STATUSES | {409}, "memory"
+        "fork",
+        operations.ForkParams,
+        lifecycle.fork,
+        "memory",
     ),
-    _memory("list", params.ListParams, lifecycle.list_conversations, CALLER_STATUSES, "lifecycle"),
+    _memory("list", operations.ListParams, lifecycle.list_conversations, "lifecycle"),
     _memory(
         "metadata",
-        params.ConversationParams,
+        operations.ConversationParams,
         lifecycle.set_metadata,
-        CALLER_STATUSES | BODY_STATUSES | {404},
         "lifecycle",
     ),
-    _memory("clear", params.ClearParams, lifecycle.clear_all, CALLER_STATUSES, "lifecycle"),
+    _memory("clear", operations.ClearParams, lifecycle.clear_all, "lifecycle"),
     Route(
         "admin_erase_agent",
         "DELETE",
         api.ADMIN_AGENT_MEMORY_PATH,
-        params.AdminParams,
+        operations.AdminParams,
         admin.erase_agent_memory,
         wire.ErasureReceipt,
         CALLER_STATUSES,
@@ -213,7 +237,7 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         "admin_erase_user",
         "DELETE",
         api.ADMIN_USER_MEMORY_PATH,
-        params.AdminUserParams,
+        operations.AdminUserParams,
         admin.erase_user_memory,
         wire.ErasureReceipt,
         CALLER_STATUSES,
@@ -224,7 +248,7 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         "admin_erase_user_everywhere",
         "DELETE",
         api.ADMIN_NAMESPACE_USER_MEMORY_PATH,
-        params.AdminNamespaceUserParams,
+        operations.AdminNamespaceUserParams,
         admin.erase_user_everywhere,
         wire.ErasureReceipt,
         CALLER_STATUSES,
@@ -235,7 +259,7 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         "admin_erase_registry",
         "DELETE",
         api.ADMIN_REGISTRY_MEMORY_PATH,
-        params.AdminRegistryParams,
+        operations.AdminRegistryParams,
         admin.erase_registry_memory,
         wire.ErasureReceipt,
         CALLER_STATUSES,
@@ -246,7 +270,7 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         "admin_conversations",
         "GET",
         api.ADMIN_CONVERSATIONS_PATH,
-        params.AdminListParams,
+        operations.AdminListParams,
         admin.list_agent_conversations,
         wire.AdminConversationList,
         CALLER_STATUSES,
@@ -257,7 +281,7 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         "admin_show",
         "GET",
         api.ADMIN_CONVERSATION_PATH,
-        params.AdminShowParams,
+        operations.AdminShowParams,
         admin.show_conversation,
         wire.Transcript,
         CALLER_STATUSES | {404},
@@ -268,7 +292,7 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         "admin_erase_conversation",
         "DELETE",
         api.ADMIN_CONVERSATION_PATH,
-        params.AdminConversationParams,
+        operations.AdminConversationParams,
         admin.erase_conversation,
         wire.ErasureReceipt,
         CALLER_STATUSES,
@@ -279,7 +303,7 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         "admin_export",
         "GET",
         api.ADMIN_EXPORT_PATH,
-        params.AdminExportParams,
+        operations.AdminExportParams,
         admin.export_conversation,
         None,
         CALLER_STATUSES | {404},
@@ -292,14 +316,14 @@ ROUTES = (  # no annotation: each route is checked against its own handler
         "admin_stats",
         "GET",
         api.ADMIN_STATS_PATH,
-        params.AdminParams,
+        operations.AdminParams,
         admin.agent_memory_stats,
         wire.AgentMemoryStats,
         CALLER_STATUSES,
         "An agent's stored conversations and bytes against its quotas (RBAC: get agentdeployments/memory)",
         "administration",
     ),
-    _memory("erase_user", params.EraseUserParams, lifecycle.erase_user, CALLER_STATUSES, "lifecycle"),
+    _memory("erase_user", operations.EraseUserParams, lifecycle.erase_user, "lifecycle"),
 )
 
 _CONVERSATIONS = f"{api.API_PREFIX}/conversations/"
@@ -337,7 +361,7 @@ class RouteTable:
                 suffix, rest = candidate, rest[: -len(candidate) - 1]
                 break
         route = _by_method(self._conversation[suffix], method)
-        return route, {params.CONVERSATION_ID.name: rest}
+        return route, {operations.CONVERSATION_ID.name: rest}
 
     def _match_template(self, method: str, path: str) -> tuple[Route[Any], Mapping[str, str]]:
         segments = path.split("/")
@@ -370,3 +394,174 @@ def _by_method(routes: dict[str, Route[Any]], method: str) -> Route[Any]:
     if route is None:
         raise NotAllowedHere(method, sorted(routes))
     return route
+
+
+# --- the entrance: every request served from the route table
+
+_LOG = logging.getLogger("sessionmem.proxy")
+
+
+class InFlight:
+    """Counts the requests a worker is serving; ``enter`` says False when it already serves its maximum
+    (the caller answers 503 without reading the request)."""
+
+    __slots__ = ("count", "maximum")
+
+    def __init__(self, maximum: int) -> None:
+        self.maximum = maximum
+        self.count = 0
+
+    def enter(self) -> bool:
+        if self.count >= self.maximum:
+            return False
+        self.count += 1
+        return True
+
+    def leave(self) -> None:
+        self.count -= 1
+
+
+class ProxyApp:
+    """Serves every request from the route table, within the serving limits; closes what it owns when
+    granian stops the worker (``__rsgi_del__``, or ``aclose``)."""
+
+    def __init__(
+        self,
+        ctx: ProxyContext,
+        limits: RequestLimits,
+        closers: list[Callable[[], Awaitable[None]]],
+        table: RouteTable | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.limits = limits
+        self.table = table or RouteTable()
+        self.in_flight = InFlight(limits.serving.max_connections)
+        self._closers = closers
+
+    async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
+        # An HTTP request (granian serves no websockets here), served in this coroutine rather than in a
+        # method of its own: one coroutine less per request.
+        try:
+            headers = self.limits.check_head(scope)
+            route, path_values = self.table.match(scope.method, scope.path)
+        except SessionMemError as exc:
+            _respond(proto, _typed(exc))
+            return
+        _respond(proto, await self._serve(route, path_values, scope.query_string, headers, proto))
+
+    def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # A worker process's loop has stopped by now; an embedded server's loop still runs, and whoever
+        # embeds the app closes it.
+        if not loop.is_running():
+            loop.run_until_complete(self.aclose())
+
+    async def aclose(self) -> None:
+        closers, self._closers = self._closers, []
+        for close in closers:
+            await close()
+
+    async def _serve(
+        self,
+        route: Route[Any],
+        path_values: Mapping[str, str],
+        query: str,
+        headers: dict[str, str],
+        proto: HTTPProtocol,
+    ) -> Reply:
+        """The reply of one routed request; every failure becomes a typed answer here.
+
+        The caller is verified, and its body read, before the request takes one of the worker's slots
+        (``InFlight``): a client that sends a head and holds back its body, or one without credentials,
+        holds a connection (granian's, bounded per worker) but never a slot other agents need. A body is
+        read only from a verified agent within its transfer quota (fail-closed: no body is read, parsed
+        or validated for anyone else)."""
+        try:
+            values = parse(route.params, RawRequest(path_values, dict(api.parse_query(query)), headers))
+            if route.request is None:
+                if hasattr(values, "verified"):  # an operation of an agent: verified before it takes a slot
+                    values.verified = await self._verify(route, headers, upload=False)
+                return await self._in_slot(route, values, None)
+            try:
+                uploader = await self._verify(route, headers, upload=True)
+            except SessionMemError as exc:
+                # The body stays unread: the connection cannot carry another request.
+                refused = _typed(exc)
+                refused.headers = [*refused.headers, CONNECTION_CLOSE]
+                return refused
+            values.verified = uploader  # a route with a body acts on one conversation
+            meter = BodyMeter()
+            try:
+                raw = await self.limits.read_body(
+                    proto,
+                    headers.get("content-length"),
+                    "transfer-encoding" in headers,
+                    meter,
+                    expect_continue=headers.get("expect", "").lower() == "100-continue",
+                )
+                return await self._in_slot(route, values, raw)
+            finally:
+                # Charged once answered, so the body's own size never refuses it; the agent's next request
+                # finds its bucket in debt if this one took more than was left. Refused bodies (413, 408,
+                # 400) count too: what was read and dropped cost the same.
+                self.ctx.quotas.charge(uploader.owner, meter.received)
+        except SessionMemError as exc:
+            return _typed(exc)
+        except Exception as exc:
+            _LOG.exception("unhandled error")
+            return internal_error_reply(exc)
+
+    async def _in_slot(self, route: Route[Any], values: Any, raw: bytes | None) -> Reply:
+        """The operation, run in one of the worker's slots (a 503 when all are taken); ``raw``: the body
+        already read, validated here."""
+        if route.counted and not self.in_flight.enter():
+            return error_reply(Overloaded("this worker is at its request limit; retry"))
+        try:
+            if raw is None or route.request is None:
+                return await route.handler(self.ctx, values, None)
+            try:
+                body = route.request.model_validate_json(raw)
+            except ValidationError as exc:
+                raise InvalidRequest(_problems(exc)) from exc
+            return await route.handler(self.ctx, values, body)
+        finally:
+            if route.counted:
+                self.in_flight.leave()
+
+    async def _verify(self, route: Route[Any], headers: Mapping[str, str], upload: bool) -> AgentIdentity:
+        """The calling agent, verified before its request takes a slot; for a route with a body
+        (``upload``) also its transfer quota, checked before the body is read: a stranger is refused
+        (401/403, the connection closed) and an agent whose bucket is in debt gets its 429, both without
+        the proxy reading or parsing what they send. The refusal is observed as the operation's outcome,
+        as the operation would have."""
+        started = time.perf_counter()
+        try:
+            identity = await identify(self.ctx, headers.get("authorization"))
+            if upload:
+                await self.ctx.quotas.admit_upload(identity.owner)
+        except SessionMemError as exc:
+            self.ctx.metrics.observe(route.op, exc.error_type, (time.perf_counter() - started) * 1000.0)
+            raise
+        return identity
+
+
+def _typed(error: SessionMemError) -> Reply:
+    if isinstance(error, NotAllowedHere):
+        return error_reply(error, [("allow", error.allow)])
+    return error_reply(error)
+
+
+def _problems(exc: ValidationError) -> str:
+    return (
+        "; ".join(
+            f"body.{'.'.join(str(p) for p in err.get('loc', ()))}: {err.get('msg', 'invalid')}"
+            for err in exc.errors()[:5]
+        )
+        or "invalid body"
+    )
+
+
+def _respond(proto: HTTPProtocol, reply: Reply) -> None:
+    headers = reply.headers
+    if closes_connection(reply.status):
+        headers = [*headers, CONNECTION_CLOSE]
+    proto.response_bytes(reply.status, headers, reply.body)

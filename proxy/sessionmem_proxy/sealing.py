@@ -39,6 +39,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from sessionmem_core.errors import SealedEntryInvalid
+from sessionmem_core.keys import data_key_space, data_key_unit
 from sessionmem_proxy.datakeys import (
     DEK_ID_BYTES,
     NONCE_BYTES,
@@ -49,7 +50,6 @@ from sessionmem_proxy.datakeys import (
     key_store_from_settings,
     new_data_key,
 )
-from sessionmem_proxy.keying import data_key_space, data_key_unit
 
 if TYPE_CHECKING:
     from sessionmem_core.env import ProxySettings

@@ -36,8 +36,7 @@ from sessionmem_core.errors import (
     SessionMemError,
     VersionConflict,
 )
-from sessionmem_core.ids import new_message_id
-from sessionmem_proxy.keying import usage_keys_of
+from sessionmem_core.keys import new_message_id, usage_keys_of
 
 if TYPE_CHECKING:
     from sessionmem_proxy.sealing import Sealer

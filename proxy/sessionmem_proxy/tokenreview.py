@@ -19,8 +19,8 @@ import orjson
 from sessionmem_core import kube
 from sessionmem_core.errors import AuthUnavailable, Forbidden, InvalidRequest, SessionMemError, Unauthenticated
 from sessionmem_core.keys import Owner
-from sessionmem_proxy.buckets import Rate, TokenBucket
-from sessionmem_proxy.identity import AgentIdentity
+from sessionmem_infra.serving import Rate, TokenBucket
+from sessionmem_proxy.admission import AgentIdentity
 from sessionmem_proxy.kubeapi import KubeAPI
 
 # A verified identity is trusted for at most this long (and never past the token's own expiry less a

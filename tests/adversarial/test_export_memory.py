@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from sessionmem_core import api, env
-from sessionmem_proxy.quotas import STREAMS_PER_AGENT
+from sessionmem_proxy.admission import STREAMS_PER_AGENT
 from tests.adversarial.conftest import HEAD_TIMEOUT_SECONDS
 from tests.adversarial.rawhttp import TOKEN, connect, memory_kib, request, worker_pid
 from tests.support.processes import ServiceProcess

@@ -34,9 +34,9 @@ from valkey.exceptions import AuthenticationError, NoPermissionError, ResponseEr
 from sessionmem_client.kubectl.agents import PROXY_SERVICE_NAMING
 from sessionmem_core import api, env, kube
 from sessionmem_core.env import ProxySettings
+from sessionmem_core.keys import listing_key, usage_keys_of
 from sessionmem_operator.config import OperatorConfig
-from sessionmem_proxy.keying import listing_key, usage_keys_of
-from sessionmem_proxy.quotas import QuotaLimits
+from sessionmem_proxy.admission import QuotaLimits
 from sessionmem_proxy.store import ConversationStore, NewEntry, UsageLedger
 from sessionmem_proxy.valkey_client import cluster_seeds, connect
 from tests.support.valkey import valkey_server_binary

@@ -33,8 +33,7 @@ from sessionmem_client import (
 from sessionmem_client._requests import EntryFields
 from sessionmem_core import api, env, wire
 from sessionmem_core.devauth import dev_token
-from sessionmem_core.ids import is_valid_id
-from sessionmem_core.keys import Owner, session_key
+from sessionmem_core.keys import Owner, is_valid_id, session_key
 from sessionmem_launcher.server import Launcher
 from tests.support.processes import ServiceProcess
 from tests.support.valkey import ValkeyProcess, free_port

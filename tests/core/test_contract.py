@@ -9,8 +9,17 @@ import pytest
 from sessionmem_core import env
 from sessionmem_core.env import ConfigError, LauncherSettings, ProxySettings
 from sessionmem_core.errors import InvalidConversationId, InvalidRequest
-from sessionmem_core.ids import new_conversation_id, new_message_id, validate_conversation_id, validate_message_id
-from sessionmem_core.keys import Owner, matches_layout, per_user_key, session_key, shared_key
+from sessionmem_core.keys import (
+    Owner,
+    matches_layout,
+    new_conversation_id,
+    new_message_id,
+    per_user_key,
+    session_key,
+    shared_key,
+    validate_conversation_id,
+    validate_message_id,
+)
 
 BAD = [
     "",

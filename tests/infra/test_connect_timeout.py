@@ -18,7 +18,7 @@ from opentelemetry import trace
 
 from sessionmem_core import env
 from sessionmem_core.env import LauncherSettings
-from sessionmem_core.ids import parse_conversation_id
+from sessionmem_core.keys import parse_conversation_id
 from sessionmem_infra.http_client import BlockingHttpClient, HttpClient, HttpTimeout
 from sessionmem_infra.telemetry import MemoryTracer
 from sessionmem_launcher.forward import CallerHeaders, forwarder_from_settings

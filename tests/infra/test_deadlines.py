@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from sessionmem_infra.deadlines import Deadlines
+from sessionmem_infra.serving import Deadlines
 
 SHORT = 0.05
 NEVER = 30.0  # far past SHORT; a broken timeout ends the test in "done" instead of hanging

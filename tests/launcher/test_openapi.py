@@ -3,14 +3,20 @@ the memory endpoint serves, and it advertises only what the launcher really take
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import orjson
 
-from sessionmem_core import api
+from sessionmem_core import api, env
 from sessionmem_launcher import openapi
 from sessionmem_launcher.forward import POD_PARAMS
-from sessionmem_launcher.memory_api import OPENAPI_FILE
 from sessionmem_launcher.server import Launcher
+from sessionmem_launcher.serving import OPENAPI_FILE
+from tests.conftest import launcher_settings
+from tests.support.processes import dev_proxy
+from tests.support.serving import serve_in_background
+from tests.support.valkey import ValkeyProcess
 
 
 def test_the_committed_document_is_current() -> None:
@@ -32,9 +38,11 @@ def test_no_parameter_the_launcher_sets_itself_is_advertised() -> None:
     names = {p["name"].lower() for op in operations for p in op.get("parameters", [])}
     assert api.TTL_PARAM.lower() in {p.lower() for p in POD_PARAMS}
     assert names.isdisjoint({p.lower() for p in POD_PARAMS} | {"authorization"}), names
-    # Only statuses the launcher answers: never FastAPI's 422, never an undocumented catch-all.
+    # Only statuses the launcher answers (its own, and the proxy's it relays: 429 over a rate, 507 over the
+    # storage quota): never FastAPI's 422, never an undocumented catch-all.
     statuses = {status for op in operations for status in op["responses"]}
-    assert statuses <= {"200", "400", "401", "403", "404", "408", "409", "412", "413", "414", "431", "503"}, statuses
+    answered = {"200", "400", "401", "403", "404", "408", "409", "412", "413", "414", "429", "431", "503", "507"}
+    assert statuses <= answered, statuses
 
 
 async def test_an_ignored_ttl_is_neither_advertised_nor_applied(launcher: Launcher) -> None:
@@ -50,3 +58,35 @@ async def test_an_ignored_ttl_is_neither_advertised_nor_applied(launcher: Launch
     assert "ttlSeconds" not in {
         p["name"] for p in served.json()["paths"]["/v1/conversations/{conversationId}/entries"]["post"]["parameters"]
     }
+
+
+async def test_the_proxys_quota_answers_it_documents_reach_the_agent(
+    valkey_server: ValkeyProcess, dev_token_file: Path, demo_agent: int
+) -> None:
+    """The launcher documents 507 and 429 because it relays them: an agent over its storage quota gets the
+    proxy's typed 507, one over its request rate the proxy's 429 with Retry-After."""
+    proxy = dev_proxy(
+        valkey_server.url, **{env.QUOTA_BYTES: "2048", env.QUOTA_REQUESTS_PER_SECOND: "1", env.QUOTA_BURST: "4"}
+    )
+    proxy.start()
+    launcher = Launcher(
+        launcher_settings(proxy.base_url, dev_token_file, **{env.AGENT_PORT: str(demo_agent)}),
+        serve_host="127.0.0.1",
+        serve=serve_in_background,
+    )
+    await launcher.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as client:
+            big = {"entries": [{"role": "user", "content": "x" * 4096}]}
+            await client.post("/v1/conversations/quota-1/entries", json=big)  # stored: the quota was not full
+            full = await client.post("/v1/conversations/quota-1/entries", json=big)
+            answers = [await client.get("/v1/conversations/quota-1/entries") for _ in range(8)]
+    finally:
+        await launcher.stop()
+        proxy.stop()
+    documented = openapi.build()["paths"]["/v1/conversations/{conversationId}/entries"]
+    assert full.status_code == 507 and full.json()["error"]["type"] == "quota_exceeded", full.text
+    assert "507" in documented["post"]["responses"]
+    limited = [answer for answer in answers if answer.status_code == 429]
+    assert limited and limited[0].json()["error"]["type"] == "rate_limited", [a.status_code for a in answers]
+    assert "retry-after" in limited[0].headers and "429" in documented["get"]["responses"]

@@ -45,7 +45,7 @@ def listed_files() -> list[str]:
 
 # What a request carries and each process parses: (module, function) as the trace counts them.
 PARSERS = {
-    ("ids.py", "parse_conversation_id"),
+    ("keys.py", "parse_conversation_id"),
     ("api.py", "memory_route"),
     ("api.py", "parse_query"),
     ("routes.py", "match"),

@@ -153,12 +153,14 @@ def test_the_cycle_finder_finds_cycles(tmp_path: Path) -> None:
     assert module_imports(source, {"p", "p.a", "p.b"}) == {"p.a", "p.b"}
 
 
-# The builders of key layouts (sessionmem_core.keys): in the proxy only its key module calls them.
+# The builders of key layouts (sessionmem_core.keys): in the proxy only the key resolver of its admission step
+# calls them (the one place a caller's request is given a layout); the rest of the proxy takes the key the
+# admission step resolved, or the spaces and accounting keys sessionmem_core.keys derives from one.
 KEY_BUILDERS = frozenset(
     {"session_prefix", "shared_prefix", "per_user_prefix", "session_key", "shared_key", "per_user_key",
-     "usage_space", "usage_keys", "catalogue_keys", "bucket_of", "conversation_of", "KEY_PREFIX", "USAGE_PREFIX"}
+     "usage_space", "usage_keys", "catalogue_keys", "KEY_PREFIX", "USAGE_PREFIX"}
 )  # fmt: skip
-KEY_MODULE = "proxy/sessionmem_proxy/keying.py"
+KEY_MODULE = "proxy/sessionmem_proxy/admission.py"
 
 
 def key_layout_uses(path: Path) -> set[str]:
@@ -185,4 +187,4 @@ def test_the_proxy_builds_keys_in_one_module() -> None:
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("mem:")
     }
-    assert literal_keys == set(), "a key spelled out in the proxy: build it in keying.py"
+    assert literal_keys == set(), "a key spelled out in the proxy: build it with sessionmem_core.keys"

@@ -14,7 +14,7 @@ import pytest
 
 from sessionmem_core import kube
 from sessionmem_core.errors import AuthUnavailable, Forbidden, Unauthenticated
-from sessionmem_proxy.buckets import Rate
+from sessionmem_infra.serving import Rate
 from sessionmem_proxy.kubeapi import KubeAPI
 from sessionmem_proxy.rbac import ERASE, READ, KubeAdminAuthorizer
 from tests.harness.apiserver import KubeTestCluster

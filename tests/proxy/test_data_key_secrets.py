@@ -17,6 +17,7 @@ import pytest
 from sessionmem_core import env
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import DataKeyUnavailable
+from sessionmem_core.keys import data_key_unit as unit_of
 from sessionmem_proxy.datakeys import (
     SECRET_TYPE,
     Keyring,
@@ -26,7 +27,6 @@ from sessionmem_proxy.datakeys import (
     rewrap,
     secret_name,
 )
-from sessionmem_proxy.keying import data_key_unit as unit_of
 from sessionmem_proxy.kubeapi import KubeAPI
 from sessionmem_proxy.sealing import Sealer, sealer_from_settings
 from tests.chart.test_lint import render

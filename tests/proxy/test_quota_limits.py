@@ -14,7 +14,7 @@ import pytest
 
 from sessionmem_core import kube
 from sessionmem_core.keys import Owner
-from sessionmem_proxy.quotas import KubeAgentLimits, QuotaLimits
+from sessionmem_proxy.admission import KubeAgentLimits, QuotaLimits
 from tests.harness.apiserver import KubeTestCluster
 
 pytestmark = pytest.mark.integration

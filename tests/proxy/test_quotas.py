@@ -18,8 +18,8 @@ from sessionmem_core.devauth import dev_token
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.errors import QuotaExceeded, RateLimited
 from sessionmem_core.keys import Owner, usage_keys
+from sessionmem_proxy.admission import DefaultLimits, QuotaLimits, Quotas
 from sessionmem_proxy.app import create_app
-from sessionmem_proxy.quotas import DefaultLimits, QuotaLimits, Quotas
 from sessionmem_proxy.store import ConversationStore, UsageLedger
 from sessionmem_proxy.valkey_client import connect
 from tests.support.serving import served_client

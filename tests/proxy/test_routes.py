@@ -20,10 +20,10 @@ from sessionmem_core.capability import mint_capability, new_key
 from sessionmem_core.devauth import dev_token
 from sessionmem_core.env import ProxySettings
 from sessionmem_core.keys import Owner
-from sessionmem_proxy.app import ProxyApp, create_app
+from sessionmem_proxy.app import create_app
 from sessionmem_proxy.openapi import COMMITTED, document, document_bytes
-from sessionmem_proxy.params import CAP, TTL, Param
-from sessionmem_proxy.routes import ROUTES, Route
+from sessionmem_proxy.operations import CAP, TTL, Param
+from sessionmem_proxy.routes import ROUTES, ProxyApp, Route
 from tests.support.serving import served_client
 from tests.support.valkey import ValkeyProcess
 
@@ -297,16 +297,16 @@ def test_each_route_hands_its_handler_one_typed_parameter_set() -> None:
     parameters, in order; a set whose fields and declarations disagree is refused when it is declared."""
     from dataclasses import fields
 
-    from sessionmem_proxy import params
+    from sessionmem_proxy import operations
 
     for route in ROUTES:
-        names = [f.name for f in fields(route.params)][: len(route.declared_params)]
+        names = [f.name for f in fields(route.params) if not f.kw_only][: len(route.declared_params)]
         assert names == [p.key for p in route.declared_params], route.op
-    raw = params.RawRequest({"conversationId": "c1"}, {"limit": "7"}, {"authorization": "Bearer x"})
-    parsed = params.parse(params.ReadParams, raw)
+    raw = operations.RawRequest({"conversationId": "c1"}, {"limit": "7"}, {"authorization": "Bearer x"})
+    parsed = operations.parse(operations.ReadParams, raw)
     assert (parsed.conversation_id, parsed.limit, parsed.summary, parsed.authorization) == ("c1", 7, False, "Bearer x")
     with pytest.raises(TypeError):
-        params.declared(_Swapped)
+        operations.declared(_Swapped)
 
 
 @dataclass

@@ -12,10 +12,10 @@ import pytest
 
 from sessionmem_core import env
 from sessionmem_core.errors import DataKeyUnavailable, SealedEntryInvalid
+from sessionmem_core.keys import data_key_unit as unit_of
+from sessionmem_core.keys import data_key_unit_of_space as unit_of_prefix
 from sessionmem_proxy import datakeys
 from sessionmem_proxy.datakeys import DirectoryDataKeyStore, Keyring, new_kek, rewrap
-from sessionmem_proxy.keying import data_key_unit as unit_of
-from sessionmem_proxy.keying import data_key_unit_of_space as unit_of_prefix
 from sessionmem_proxy.sealing import Sealer
 
 KEY = "mem:team/support:c1"

@@ -14,7 +14,7 @@ import pytest
 
 from sessionmem_core import kube
 from sessionmem_core.errors import AuthUnavailable, Unauthenticated
-from sessionmem_proxy.buckets import Rate
+from sessionmem_infra.serving import Rate
 from sessionmem_proxy.kubeapi import KubeAPI
 from sessionmem_proxy.tokenreview import API_SERVER_TOKEN_CACHE_SECONDS, TokenReviewAuthenticator
 from tests.harness.apiserver import KubeTestCluster

@@ -1,5 +1,5 @@
 """What the tests of several components send: a {user, assistant} exchange, and every class of bad
-conversation id the rule (core/sessionmem_core/ids.py) rejects, as it appears in a URL path."""
+conversation id the rule (core/sessionmem_core/keys.py) rejects, as it appears in a URL path."""
 
 from __future__ import annotations
 

@@ -1,23 +1,31 @@
-"""Request parameters, each declared once: its wire name, where it travels, its bounds and description.
-The same declaration parses a request (typed 400 naming the parameter) and describes it in the OpenAPI
-document (``sessionmem_proxy.openapi``), so the two cannot drift apart.
+"""Each operation's parameters, and the two operations of every agent turn (reading the window,
+appending the exchange).
 
-Each route's handler gets its parameters as one typed object (a ``Params`` class below: its fields are
-its ``PARAMS``' keys, in order, checked when the class is declared), so mypy checks every handler's use
-of them; the request is parsed once, in the app, into that object."""
+Request parameters are each declared once: their wire name, where they travel, their bounds and
+description. The same declaration parses a request (typed 400 naming the parameter) and describes it in
+the OpenAPI document (``sessionmem_proxy.openapi``), so the two cannot drift apart. Each route's handler
+gets its parameters as one typed object (a ``Params`` class below: its fields are its ``PARAMS``' keys, in
+order, checked when the class is declared), so mypy checks every handler's use of them; the request is
+parsed once, by the entrance (``sessionmem_proxy.routes``), into that object."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
-from sessionmem_core import api, env
+import orjson
+from pydantic import BaseModel
+
+from sessionmem_core import api, env, wire
 from sessionmem_core.errors import InvalidRequest
 from sessionmem_core.keys import Scope
-from sessionmem_proxy.identity import AgentIdentity
+from sessionmem_infra.serving import Reply, memory_reply
+from sessionmem_proxy.admission import AgentIdentity, Operation, ProxyContext, conversation_operation
+from sessionmem_proxy.redaction import strings_of, with_strings
+from sessionmem_proxy.store import EntryToStore, NewEntry
 
 Location = Literal["path", "query", "header"]
 _TRUE = frozenset({"true", "1", "yes", "on"})
@@ -125,7 +133,7 @@ def bounded_header(key: str, name: str, min_length: int, max_length: int, patter
 
 
 def _identity(raw: str) -> str:
-    return raw  # validated by the operation itself (sessionmem_core.ids), inside its span
+    return raw  # validated by the operation itself (sessionmem_core.keys), inside its span
 
 
 def from_contract(op: str, name: str, key: str | None = None) -> Param:
@@ -263,10 +271,10 @@ C = TypeVar("C")
 
 
 def declared(cls: C) -> C:
-    """Check, once, that a parameter set's fields are its ``PARAMS``' keys in order (besides fields with a
-    default, which the app sets itself): the declaration and the class cannot drift apart."""
+    """Check, once, that a parameter set's fields are its ``PARAMS``' keys in order (besides keyword-only
+    fields, which the app sets itself): the declaration and the class cannot drift apart."""
     keys = [param.key for param in cls.PARAMS]  # type: ignore[attr-defined]
-    parsed = [f.name for f in fields(cls)][: len(keys)]  # type: ignore[arg-type]
+    parsed = [f.name for f in fields(cls) if not f.kw_only][: len(keys)]  # type: ignore[arg-type]
     if parsed != keys:
         raise TypeError(f"{cls.__name__} fields {parsed} are not its PARAMS {keys}")  # type: ignore[attr-defined]
     return cls
@@ -321,8 +329,9 @@ class NoParams:
 @declared
 @dataclass(slots=True)
 class ConversationParams:
-    """An operation on one conversation (info, delete); ``verified``: the caller, when the app verified it
-    before reading the body (the operation then does not verify the same token again)."""
+    """An operation on one conversation (info), and what every other one takes besides its own (the sets
+    below extend it); ``verified``: the caller, when the app verified it before reading the body (the
+    operation then does not verify the same token again)."""
 
     PARAMS: ClassVar[tuple[Param, ...]] = CONVERSATION
     conversation_id: str
@@ -330,139 +339,74 @@ class ConversationParams:
     authorization: str | None
     traceparent: str | None
     capability: str | None
-    verified: AgentIdentity | None = None
+    verified: AgentIdentity | None = field(default=None, kw_only=True)
 
 
 @declared
 @dataclass(slots=True)
-class ReadParams:
+class ReadParams(ConversationParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, READ_LIMIT, SUMMARY)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     limit: int
     summary: bool
-    verified: AgentIdentity | None = None
 
 
 @declared
 @dataclass(slots=True)
-class AppendParams:
+class AppendParams(ConversationParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, *WRITE, IDEMPOTENCY_KEY)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     cap: int
     ttl_seconds: int
     redact: str
     idempotency_key: str | None
-    verified: AgentIdentity | None = None
 
 
 @declared
 @dataclass(slots=True)
-class ReplaceParams:
+class ReplaceParams(ConversationParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, *WRITE, IF_MATCH)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     cap: int
     ttl_seconds: int
     redact: str
     if_match: str | None
-    verified: AgentIdentity | None = None
 
 
 @declared
 @dataclass(slots=True)
-class ConditionalParams:
+class ConditionalParams(ConversationParams):
     """An operation on one conversation conditional on its version (delete, pop, rewind)."""
 
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, IF_MATCH)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     if_match: str | None
-    verified: AgentIdentity | None = None
 
 
 @declared
 @dataclass(slots=True)
-class CompactParams:
+class CompactParams(ConversationParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, REDACT)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     redact: str
-    verified: AgentIdentity | None = None
 
 
 @declared
 @dataclass(slots=True)
-class ForkParams:
+class ForkParams(ConversationParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, CAP, TTL)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     cap: int
     ttl_seconds: int
-    verified: AgentIdentity | None = None
 
 
 @declared
 @dataclass(slots=True)
-class SearchParams:
+class SearchParams(ConversationParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, SEARCH_Q, SEARCH_LIMIT)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     q: str
     limit: int
-    verified: AgentIdentity | None = None
 
 
 @declared
 @dataclass(slots=True)
-class ExportParams:
+class ExportParams(ConversationParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, EXPORT_OFFSET)
-    conversation_id: str
-    scope: Scope
-    authorization: str | None
-    traceparent: str | None
-    capability: str | None
     offset: int
-    verified: AgentIdentity | None = None
-
-
-class OnConversation(Protocol):
-    """What every operation on one conversation takes (``context.conversation_operation``)."""
-
-    @property
-    def conversation_id(self) -> str: ...
-    @property
-    def scope(self) -> Scope: ...
-    @property
-    def authorization(self) -> str | None: ...
-    @property
-    def traceparent(self) -> str | None: ...
-    @property
-    def capability(self) -> str | None: ...
-    @property
-    def verified(self) -> AgentIdentity | None: ...
 
 
 @declared
@@ -509,12 +453,18 @@ class AdminParams:
 
 @declared
 @dataclass(slots=True)
-class AdminUserParams:
+class AdminSpaceParams(AdminParams):
+    """An administrator's operation on one agent's memory, or on one user bucket of it."""
+
+    PARAMS: ClassVar[tuple[Param, ...]] = ADMIN_SPACE
+    user: str | None
+    bucket: str | None
+
+
+@declared
+@dataclass(slots=True)
+class AdminUserParams(AdminParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN, USER)
-    namespace: str
-    agent: str
-    authorization: str | None
-    traceparent: str | None
     user: str
 
 
@@ -539,55 +489,31 @@ class AdminRegistryParams:
 
 @declared
 @dataclass(slots=True)
-class AdminListParams:
+class AdminListParams(AdminSpaceParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN_SPACE, ADMIN_LIST_LIMIT, ADMIN_CURSOR)
-    namespace: str
-    agent: str
-    authorization: str | None
-    traceparent: str | None
-    user: str | None
-    bucket: str | None
     limit: int
     cursor: str
 
 
 @declared
 @dataclass(slots=True)
-class AdminShowParams:
+class AdminShowParams(AdminSpaceParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN_SPACE, CONVERSATION_ID, ADMIN_LAST)
-    namespace: str
-    agent: str
-    authorization: str | None
-    traceparent: str | None
-    user: str | None
-    bucket: str | None
     conversation_id: str
     last: int
 
 
 @declared
 @dataclass(slots=True)
-class AdminConversationParams:
+class AdminConversationParams(AdminSpaceParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN_SPACE, CONVERSATION_ID)
-    namespace: str
-    agent: str
-    authorization: str | None
-    traceparent: str | None
-    user: str | None
-    bucket: str | None
     conversation_id: str
 
 
 @declared
 @dataclass(slots=True)
-class AdminExportParams:
+class AdminExportParams(AdminSpaceParams):
     PARAMS: ClassVar[tuple[Param, ...]] = (*ADMIN_SPACE, ADMIN_EXPORTED, EXPORT_OFFSET)
-    namespace: str
-    agent: str
-    authorization: str | None
-    traceparent: str | None
-    user: str | None
-    bucket: str | None
     conversation: str
     offset: int
 
@@ -605,3 +531,97 @@ class AdminSpace(Protocol):
     def user(self) -> str | None: ...
     @property
     def bucket(self) -> str | None: ...
+
+
+# --- The two operations of every agent turn: reading the window and appending the exchange.
+#
+# Handlers take the proxy's context, their typed parameters as the app parsed them (``sessionmem_proxy.operations``)
+# and the validated body, and return a reply (``sessionmem_infra.serving``).
+
+
+def operation(ctx: ProxyContext, op: str, p: ConversationParams) -> conversation_operation:
+    """The operation on the conversation a request names, from the parameters every such route takes."""
+    return conversation_operation(
+        ctx, op, p.conversation_id, p.scope, p.authorization, p.capability, p.traceparent, p.verified
+    )
+
+
+async def new_entries(
+    ctx: ProxyContext, op: Operation, entries: Sequence[wire.EntryIn], redact: str
+) -> Sequence[EntryToStore]:
+    """The entries to store: the request's own, or redacted copies when the request asks for redaction,
+    which covers each entry's content and every string value inside its item. The redaction's CPU time is
+    charged to the agent's transfer rate (``Quotas.charge_cpu``): it is work the proxy does for that agent
+    alone, which its body size does not measure (card-like digits cost about a CPU-second per 0.75 MiB)."""
+    redactor = ctx.redaction.chain(redact.split(",")) if redact else None
+    if redactor is None:
+        return entries
+    texts: list[str] = []
+    for entry in entries:
+        texts.append(entry.content)
+        if entry.item is not None:
+            strings_of(entry.item, texts)
+    redacted_texts, cpu_seconds = await ctx.redaction.apply(redactor, texts)
+    ctx.quotas.charge_cpu(op.identity.owner, op.limits, cpu_seconds)
+    redacted = iter(redacted_texts)
+    copies: list[EntryToStore] = []
+    for entry in entries:
+        content = next(redacted)
+        item = None if entry.item is None else with_strings(entry.item, redacted)
+        copies.append(NewEntry(role=entry.role, content=content, id=entry.id, item=item))
+    return copies
+
+
+async def read_entries(ctx: ProxyContext, p: ReadParams, _: BaseModel | None) -> Reply:
+    async with operation(ctx, "get", p) as op:
+        limit = p.limit
+        store = ctx.store
+        result = await (store.read_with_summary(op.key, limit) if p.summary else store.read(op.key, limit))
+        op.span.entries, op.span.version = len(result.raw_entries), result.version
+        summary_part = (b',"summary":' + result.raw_summary) if result.raw_summary else b""
+        body = b"".join(
+            (
+                b'{"conversationId":',
+                orjson.dumps(op.conversation),
+                b',"scope":"',
+                op.scope.encode(),
+                b'","version":',
+                str(result.version).encode(),
+                b',"entries":',
+                result.entries_json(),
+                summary_part,
+                b"}",
+            )
+        )
+        ctx.quotas.charge(op.identity.owner, len(body))
+        return memory_reply(body, op.scope, len(result.raw_entries), result.version)
+
+
+async def append_entries(ctx: ProxyContext, p: AppendParams, body: BaseModel | None) -> Reply:
+    assert isinstance(body, wire.AppendRequest)  # the route table validated it
+    async with operation(ctx, "append", p) as op:
+        result = await ctx.store.append(
+            op.key,
+            await new_entries(ctx, op, body.entries, p.redact),
+            author=op.identity.owner.author,
+            cap=p.cap,
+            ttl_seconds=p.ttl_seconds,
+            quota=op.limits,
+            idempotency_key=p.idempotency_key,
+        )
+        op.span.entries, op.span.version = result.stored, result.version
+        duplicate = b"true" if result.duplicate else b"false"
+        return memory_reply(
+            b'{"version":%d,"stored":%d,"duplicate":%s,"scope":"%s","length":%d,"duplicateIds":%s}'
+            % (
+                result.version,
+                result.stored,
+                duplicate,
+                op.scope.encode(),
+                result.length,
+                orjson.dumps(result.duplicate_ids) if result.duplicate_ids else b"[]",
+            ),
+            op.scope,
+            result.stored,
+            result.version,
+        )

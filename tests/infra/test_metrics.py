@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from sessionmem_proxy.metrics import ProxyMetrics
+from sessionmem_infra.telemetry import ProxyMetrics
 
 
 def _buckets(text: str, op: str) -> dict[str, int]:
