@@ -501,7 +501,7 @@ def _noisy_rows(results: dict[str, Any]) -> list[list[str]]:
         )
     ]
     answers = ", ".join(f"{k}: {v}" for k, v in sorted(noisy.get("noisy_answers", {}).items()))
-    rows.append(["noisy tenant was answered", answers, "", "", "", ""])
+    rows.append(["noisy tenant and strangers were answered", answers, "", "", "", ""])
     return rows
 
 
@@ -652,9 +652,13 @@ def render_markdown(report: dict[str, Any]) -> str:
         "### Noisy neighbour",
         "",
         "One agent reads its last 40 entries on one connection, one request at a time, 100 a second; in "
-        "alternating rounds, quiet and while a second agent exports a huge conversation from three connections, "
-        "appends maximal bodies from two, and bursts reads at ten times the victim's rate; each kind's samples "
-        "pooled over the rounds (`python -m bench.noisy`).",
+        "alternating rounds, quiet, while a second agent exports a huge conversation (~24 MiB) from three "
+        "connections, appends maximal bodies from two, reads its last 500 entries and searches the whole of it "
+        "in a loop each, and bursts reads at ten times the victim's rate, and while strangers (no credentials) "
+        "hold about a thousand request heads that promise a body and never send it, reopened ~70 a second; "
+        "each kind's samples pooled over the rounds (`python -m bench.noisy`). The last row counts how the "
+        "noisy tenant was answered, by kind and status (0: its connection closed), and the strangers' heads "
+        "(`flood`).",
         "",
         *_md_table(NOISY_HEADERS, _noisy_rows(results)),
         "",

@@ -411,3 +411,31 @@ def test_a_path_that_climbs_never_reaches_the_agent(
         assert answer.split(b"\r\n", 1)[0].split()[1] == b"400", (target, answer)
         assert b"malformed_request" in answer, (target, answer)
     assert launcher_agent._held == [], "a climbing path reached the agent"
+
+
+def test_an_escaped_slash_is_read_as_a_separator_on_both_ports(
+    launcher_process: ServiceProcess, launcher_agent: SilentAgent
+) -> None:
+    """granian hands the launcher the decoded path only (docs/limits.md, "Paths are matched decoded"): on the
+    memory port an escape that leaves a ``/`` in an id is a typed 400 and one that spells the route is that
+    route; on the serving port the agent is handed the decoded path, its ``/`` as a ``/``."""
+    memory_port, serve_port = _ports(launcher_process)
+    for target, status, kind in (
+        ("/v1/conversations/a%2Fb/entries", b"400", b"invalid_conversation_id"),
+        ("/v1/conversations/escaped%2Fentries", b"200", b'"entries"'),
+    ):
+        with socket.create_connection(("127.0.0.1", memory_port), timeout=10) as sock:
+            sock.sendall(f"GET {target} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+            answer = _answer(sock, time.monotonic() + 5)
+        assert answer.split(b"\r\n", 1)[0].split()[1] == status and kind in answer, (target, answer)
+
+    with socket.create_connection(("127.0.0.1", serve_port), timeout=10) as sock:
+        sock.sendall(b"GET /public%2Fx HTTP/1.1\r\nhost: x\r\n\r\n")
+        deadline = time.monotonic() + 5
+        while not launcher_agent._held and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert launcher_agent._held, "the request never reached the agent"
+        agent_side = launcher_agent._held[0]
+        agent_side.settimeout(5)
+        relayed = agent_side.recv(65536)
+    assert relayed.startswith(b"GET /public/x HTTP/1.1\r\n"), relayed[:200]

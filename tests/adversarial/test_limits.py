@@ -108,6 +108,30 @@ def test_a_url_over_the_limit_is_a_typed_414(proxy: ServiceProcess) -> None:
     assert answer.status == 414 and answer.error_type == "uri_too_long"
 
 
+def test_a_url_past_the_head_buffer_gets_hypers_bare_431_and_one_inside_it_a_typed_414(
+    proxy: ServiceProcess,
+) -> None:
+    """The one answer that is not typed JSON (README, docs/limits.md): a head that does not fit hyper's read
+    buffer is refused by hyper before the app sees the request, with an empty 431, and the connection is
+    closed. A URL over the app's limit that still fits the buffer gets the app's typed 414."""
+    buffer = env.DEFAULT_MAX_HEADER_BYTES
+    inside = "/v1/conversations/c/entries?q=" + "x" * (buffer - 2048)
+    with connect(proxy.port) as sock:
+        sock.sendall(request("GET", inside))
+        typed = read_answer(sock.makefile("rb"))
+    assert typed.status == 414 and typed.error_type == "uri_too_long", typed
+
+    past = "/v1/conversations/c/entries?q=" + "x" * (100 * 1024)
+    with connect(proxy.port) as sock:
+        sock.sendall(request("GET", past))
+        stream = sock.makefile("rb")
+        bare = read_answer(stream)
+        assert bare.status == 431 and bare.body == b"", bare
+        assert "application/json" not in bare.headers.get("content-type", ""), bare
+        assert closed_within(sock, SLACK_SECONDS) is not None, "the connection stayed open"
+    assert _healthy(proxy)
+
+
 def test_a_body_over_the_limit_is_a_typed_413_declared_or_streamed(proxy: ServiceProcess) -> None:
     # An agent's own request (a stranger's would be refused before its length is looked at).
     declared = request("POST", "/v1/conversations/big/entries", headers={"Content-Length": str(env.MAX_BODY_BYTES + 1)})
