@@ -282,7 +282,7 @@ end
 # - usage_admit prunes, then reserves (or refuses and settles), answering the time and the verdict;
 # - usage_apply accounts a write ('add' bytes, 'set' the conversation's size) or a delete ('forget');
 # - usage_settle expires the keys with their last conversation and answers {conversations, bytes}.
-# The catalogue (``keying.usage_keys_of``: metadata, summaries and the conversation's newest-first index,
+# The catalogue (``sessionmem_core.keys.usage_keys_of``: metadata, summaries and the conversation's newest-first index,
 # in the same slot) is kept in the same step: ``CATALOGUE`` names its keys, and the accounting of a write
 # updates the conversation's record and index entry (``catalogue_touch``, with the entries it holds) or
 # drops them with it (``catalogue_forget``: a delete, an erasure, an expiry found by the prune). Its
@@ -748,7 +748,7 @@ class StorageQuota(Protocol):
 
 
 class UsageLedger:
-    """Per-space storage accounting, kept next to the conversations (``keying.usage_keys_of``).
+    """Per-space storage accounting, kept next to the conversations (``sessionmem_core.keys.usage_keys_of``).
 
     On a standalone Valkey (``atomic``) the store runs each write and its accounting as one script, so the
     quota check, the write and the accounting are one atomic step and cost one call. On a Cluster the
@@ -1006,7 +1006,7 @@ class ConversationStore:
     async def catalogue_page(
         self, index: str, expiries: str, meta: str, cursor: tuple[int, int] | None, limit: int
     ) -> CataloguePage:
-        """One page of a catalogue index (``keying.catalogue_of``), newest write first, from ``cursor``
+        """One page of a catalogue index (``sessionmem_core.keys.catalogue_keys``), newest write first, from ``cursor``
         (a page's, None for the newest)."""
         top, taken = ("+inf", 0) if cursor is None else (str(cursor[0]), cursor[1])
         rows, more, score, count = await self._guard(
