@@ -80,6 +80,35 @@ def list_like(backend: Backend) -> Callable[..., Any]:
     return make
 
 
+def _scoped(scope: str, session_id: str) -> str:
+    """The conversation id of ``session_id`` in one store of the backend the bodies name (a database, a
+    URL and key prefix), inside this test's namespace."""
+    return f"{Namespaces.current}-{hashlib.sha256(scope.encode()).hexdigest()[:8]}-{session_id}"
+
+
+def sqlalchemy_like(backend: Backend) -> type[Any]:
+    """``SQLAlchemySession``, rebound: ``SQLAlchemySession.from_url(session_id, url=..., ...)`` and
+    ``SQLAlchemySession(session_id, engine=..., ...)`` answer a session of ``backend``, one store per
+    database: per URL, per engine, and per instance for SQLite's ``:memory:`` (each engine of it is a
+    database of its own). Table names and ``create_tables`` name SQL schema: no meaning here."""
+    engines: dict[int, tuple[Any, str]] = {}  # kept alive: an id is not reused while its engine lives
+
+    def store(url: str) -> str:
+        return f"memory{next(_instances)}" if ":memory:" in url else url
+
+    class SQLAlchemySessionRebound:
+        def __new__(cls, session_id: str, engine: Any, session_settings: Any = None, **_: Any) -> Any:
+            if id(engine) not in engines:
+                engines[id(engine)] = (engine, store(str(engine.url)))
+            return backend(_scoped(engines[id(engine)][1], session_id), session_settings)
+
+        @classmethod
+        def from_url(cls, session_id: str, *, url: str, session_settings: Any = None, **_: Any) -> Any:
+            return backend(_scoped(store(url), session_id), session_settings)
+
+    return SQLAlchemySessionRebound
+
+
 def sessionmem_history(messages: Sequence[BaseMessage] = ()) -> SessionmemChatMessageHistory:
     """``InMemoryChatMessageHistory(messages=...)``: a fresh conversation per instance, holding ``messages``."""
     url = Stack.get().memory_url
