@@ -31,6 +31,7 @@ from typing import Any
 from sessionmem_client._requests import EntryFields
 from sessionmem_client.client import AsyncMemoryClient
 from sessionmem_core import env
+from sessionmem_core.errors import SessionMemError
 from sessionmem_core.keys import new_message_id, validate_conversation_id
 
 try:
@@ -171,6 +172,15 @@ class SessionmemSession:
 
     async def clear_session(self) -> None:
         await self.client.delete(self.session_id)
+
+    async def ping(self) -> bool:
+        """Whether the memory endpoint answers for this conversation (a one-entry read), as the SDK's
+        network sessions (Redis, MongoDB, Dapr) offer it. A probe: any failure is False, not raised."""
+        try:
+            await self.client._read_entries(self.session_id, 1)
+        except SessionMemError:
+            return False
+        return True
 
     async def aclose(self) -> None:
         """Close the client this session made itself (a client passed in is the caller's to close)."""

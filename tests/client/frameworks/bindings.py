@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 import inspect
 import types
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from agents.extensions.memory.redis_session import RedisSession
 from agents.memory import SessionSettings
@@ -42,9 +44,14 @@ def sessionmem(name: str, settings: SessionSettings | dict[str, Any] | None) -> 
     return SessionmemSession(name, AsyncMemoryClient(Stack.get().memory_url), session_settings=settings)
 
 
+def redis_url(stack: MemoryStack, database: int = 0) -> str:
+    """The stack's valkey-server as a ``redis://`` URL (redis-py's scheme) of ``database``."""
+    address = urlsplit(stack.valkey_url).netloc
+    return f"redis://{address}/{database}"
+
+
 def redis_control(name: str, settings: SessionSettings | dict[str, Any] | None) -> RedisSession:
-    url = Stack.get().valkey_url.replace("valkey://", "redis://", 1)
-    return RedisSession.from_url(name, url=url, key_prefix="control", session_settings=settings)
+    return RedisSession.from_url(name, url=redis_url(Stack.get()), key_prefix="control", session_settings=settings)
 
 
 def sqlite_like(backend: Backend) -> Callable[..., Any]:
@@ -78,6 +85,88 @@ def list_like(backend: Backend) -> Callable[..., Any]:
         return backend(f"{Namespaces.current}-{session_id}", None)
 
     return make
+
+
+def _scoped(scope: str, session_id: str) -> str:
+    """The conversation id of ``session_id`` in one store of the backend the bodies name (a database, a
+    URL and key prefix), inside this test's namespace."""
+    return f"{Namespaces.current}-{hashlib.sha256(scope.encode()).hexdigest()[:8]}-{session_id}"
+
+
+REDIS_PREFIX = "agents:session"  # RedisSession's default key_prefix
+
+
+def redis_like(backend: Backend) -> type[Any]:
+    """``RedisSession``, rebound: ``RedisSession.from_url(session_id, url=..., key_prefix=..., ttl=...,
+    session_settings=...)`` answers a session of ``backend``, one store per URL and key prefix (the same
+    id under another prefix is another session, as in Redis). ``ttl``: sessionmem's retention is the
+    agent's (``spec.sessionMemory``), not the session's; a body that reads a key's expiry reads Redis.
+    Made from a Redis client object (``RedisSession(session_id, redis_client=...)``, or a subclass of
+    it), it has no meaning here: refused with ``TypeError``, so such a test fails visibly."""
+
+    class RedisSessionRebound:
+        def __new__(cls, session_id: str, redis_client: Any = None, **_: Any) -> Any:
+            raise TypeError("a sessionmem session is made from no Redis client")
+
+        @classmethod
+        def from_url(
+            cls,
+            session_id: str,
+            *,
+            url: str,
+            key_prefix: str = REDIS_PREFIX,
+            session_settings: Any = None,
+            **_: Any,
+        ) -> Any:
+            return backend(_scoped(f"{url} {key_prefix}", session_id), session_settings)
+
+    return RedisSessionRebound
+
+
+def redis_helpers(backend: Backend) -> dict[str, Any]:
+    """test_redis_session.py's two module helpers, rebound (upstream's own signatures and behaviour:
+    ``_create_test_session`` clears the session it makes, ``_create_redis_session`` does not)."""
+    rebound = redis_like(backend)
+    url = "redis://localhost:6379/15"  # upstream's REDIS_URL: one store, scoped by key prefix
+
+    async def create_redis_session(session_id: str, key_prefix: str = "test:", ttl: int | None = None) -> Any:
+        return rebound.from_url(session_id, url=url, key_prefix=key_prefix, ttl=ttl)
+
+    async def create_test_session(session_id: str | None = None) -> Any:
+        if session_id is None:
+            session_id = f"test_session_{uuid.uuid4().hex[:8]}"
+        session = rebound.from_url(session_id, url=url, key_prefix="test:")
+        await session.clear_session()
+        return session
+
+    return {
+        "RedisSession": rebound,
+        "_create_redis_session": create_redis_session,
+        "_create_test_session": create_test_session,
+    }
+
+
+def sqlalchemy_like(backend: Backend) -> type[Any]:
+    """``SQLAlchemySession``, rebound: ``SQLAlchemySession.from_url(session_id, url=..., ...)`` and
+    ``SQLAlchemySession(session_id, engine=..., ...)`` answer a session of ``backend``, one store per
+    database: per URL, per engine, and per instance for SQLite's ``:memory:`` (each engine of it is a
+    database of its own). Table names and ``create_tables`` name SQL schema: no meaning here."""
+    engines: dict[int, tuple[Any, str]] = {}  # kept alive: an id is not reused while its engine lives
+
+    def store(url: str) -> str:
+        return f"memory{next(_instances)}" if ":memory:" in url else url
+
+    class SQLAlchemySessionRebound:
+        def __new__(cls, session_id: str, engine: Any, session_settings: Any = None, **_: Any) -> Any:
+            if id(engine) not in engines:
+                engines[id(engine)] = (engine, store(str(engine.url)))
+            return backend(_scoped(engines[id(engine)][1], session_id), session_settings)
+
+        @classmethod
+        def from_url(cls, session_id: str, *, url: str, session_settings: Any = None, **_: Any) -> Any:
+            return backend(_scoped(store(url), session_id), session_settings)
+
+    return SQLAlchemySessionRebound
 
 
 def sessionmem_history(messages: Sequence[BaseMessage] = ()) -> SessionmemChatMessageHistory:

@@ -17,6 +17,12 @@ from tests.support.processes import ServiceProcess, dev_proxy
 from tests.support.valkey import ValkeyProcess, free_port
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The SDK's redis session tests mark themselves ``serial`` (its xdist grouping); known here, so the
+    # run does not warn of it.
+    config.addinivalue_line("markers", "serial: upstream's own marker (the Agents SDK's xdist grouping)")
+
+
 @dataclass(frozen=True)
 class MemoryStack:
     memory_url: str  # the launcher's memory endpoint

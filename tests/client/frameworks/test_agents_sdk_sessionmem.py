@@ -57,7 +57,6 @@ FAIL_ON_CONTROL_TOO = (
     "test_encrypted_pop_authentication_is_atomic_with_concurrent_mutations",
     "test_encrypted_pop_cancellation_waits_for_authentication_rollback",
     "test_encrypted_pop_delegates_to_overridden_sqlite_pop",
-    "test_encrypted_pop_preserves_sqlalchemy_history",
     "test_encrypted_pop_rechecks_authentication_after_expired_tail",
     "test_encrypted_pop_skips_plaintext_with_inherited_sqlite_behavior",
     "test_encrypted_pop_wrong_key_preserves_recoverable_history",
