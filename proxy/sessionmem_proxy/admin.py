@@ -48,7 +48,7 @@ from sessionmem_proxy.operations import (
     AdminParams,
     AdminRegistryParams,
     AdminShowParams,
-    AdminSpace,
+    AdminSpaceParams,
     AdminUserParams,
     P,
 )
@@ -162,7 +162,7 @@ async def erase_registry_memory(ctx: ProxyContext, p: AdminRegistryParams, _: Ba
 
 async def _erase(
     ctx: ProxyContext,
-    p: AdminParams | AdminUserParams | AdminRegistryParams,
+    p: AdminParams | AdminRegistryParams,
     prefix: str,
     namespace: str,
     name: str,
@@ -210,17 +210,15 @@ _SCAN_BATCH = 200
 _MAX_SCANS_PER_PAGE = 50
 
 
-async def _authorized_space(
-    ctx: ProxyContext, p: AdminSpace | AdminParams, verb: str
-) -> tuple[Owner, str, Administrator]:
+async def _authorized_space(ctx: ProxyContext, p: AdminParams, verb: str) -> tuple[Owner, str, Administrator]:
     """(owner, key prefix of the space asked for, administrator): the agent's whole private space, or one
     end user's bucket in it (``user``, derived as for the user's own turns; or the ``bucket`` a listing
-    showed). Parameters without a user (``AdminParams``) name the whole space."""
+    showed). Parameters that cannot name a user (not ``AdminSpaceParams``) name the whole space."""
     owner = Owner(p.namespace, p.agent)
     if ctx.admin is None:
         raise Forbidden("memory administration is not enabled on this proxy")
     admin = await ctx.admin.authorize(bearer_token(p.authorization), verb, owner.namespace, owner.agent)
-    user, bucket = (None, None) if isinstance(p, AdminParams) else (p.user, p.bucket)
+    user, bucket = (p.user, p.bucket) if isinstance(p, AdminSpaceParams) else (None, None)
     if user is not None and bucket is not None:
         raise InvalidRequest("name the end user or their bucket, not both")
     if user is not None:

@@ -518,21 +518,6 @@ class AdminExportParams(AdminSpaceParams):
     offset: int
 
 
-class AdminSpace(Protocol):
-    """What names the space an administrator works in: an agent, and maybe one user's bucket in it."""
-
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def agent(self) -> str: ...
-    @property
-    def authorization(self) -> str | None: ...
-    @property
-    def user(self) -> str | None: ...
-    @property
-    def bucket(self) -> str | None: ...
-
-
 # --- The two operations of every agent turn: reading the window and appending the exchange.
 #
 # Handlers take the proxy's context, their typed parameters as the app parsed them (``sessionmem_proxy.operations``)
