@@ -73,7 +73,8 @@ def to_entries(entries: Iterable[EntryLike]) -> list[wire.EntryIn]:
         if isinstance(entry, wire.EntryIn):
             result.append(entry)
         elif isinstance(entry, wire.Entry):
-            result.append(wire.EntryIn(role=entry.role, content=entry.content, id=entry.id))
+            # Its item too: an entry read back and written again (a replace, a re-seed) stays lossless.
+            result.append(wire.EntryIn(role=entry.role, content=entry.content, id=entry.id, item=entry.item))
         elif isinstance(entry, Mapping):
             try:
                 result.append(wire.EntryIn.model_validate(dict(entry)))
@@ -256,6 +257,18 @@ class Requests:
         except ValidationError as exc:
             raise InvalidRequest(f"invalid fork: {_problems(exc)}") from exc
         return Request("POST", path, wire.ForkResponse, body=_body(body), traceparent=traceparent)
+
+    @staticmethod
+    def compact(
+        conversation_id: str, summary: EntryLike, through_version: int, traceparent: str | None
+    ) -> Request[wire.CompactResponse]:
+        path = api.conversation_path(_segment(conversation_id)) + "/compact"
+        try:
+            body = wire.CompactRequest(summary=to_entries([summary])[0], throughVersion=through_version)
+        except ValidationError as exc:
+            raise InvalidRequest(f"invalid compaction: {_problems(exc)}") from exc
+        # Recording the same summary for the same version twice records it once.
+        return Request("POST", path, wire.CompactResponse, body=_body(body), traceparent=traceparent, idempotent=True)
 
     @staticmethod
     def search(conversation_id: str, q: str, limit: int, traceparent: str | None) -> Request[wire.SearchResponse]:

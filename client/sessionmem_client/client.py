@@ -231,6 +231,13 @@ class MemoryClient(_Client[SyncTransport]):
         ``new_conversation_id`` is taken."""
         return self._send(Requests.fork(conversation_id, new_conversation_id, at_version, traceparent))
 
+    def compact(
+        self, conversation_id: str, summary: EntryLike, through_version: int, *, traceparent: str | None = None
+    ) -> wire.CompactResponse:
+        """Record ``summary`` as covering the entries written at or before ``through_version``, keeping them:
+        a read with ``summary=True`` answers it and the entries after that version; an export answers all."""
+        return self._send(Requests.compact(conversation_id, summary, through_version, traceparent))
+
     def search(
         self, conversation_id: str, q: str, limit: int = 10, *, traceparent: str | None = None
     ) -> wire.SearchResponse:
@@ -406,6 +413,11 @@ class AsyncMemoryClient(_Client[AsyncTransport]):
         traceparent: str | None = None,
     ) -> wire.ForkResponse:
         return await self._send(Requests.fork(conversation_id, new_conversation_id, at_version, traceparent))
+
+    async def compact(
+        self, conversation_id: str, summary: EntryLike, through_version: int, *, traceparent: str | None = None
+    ) -> wire.CompactResponse:
+        return await self._send(Requests.compact(conversation_id, summary, through_version, traceparent))
 
     async def search(
         self, conversation_id: str, q: str, limit: int = 10, *, traceparent: str | None = None

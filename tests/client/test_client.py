@@ -168,6 +168,46 @@ async def test_async_client_round_trip(launcher: Launcher, valkey_server: Valkey
     assert stored(valkey_server, cid) == []
 
 
+async def test_conversation_operations_through_the_clients(
+    launcher: Launcher, valkey_server: ValkeyProcess
+) -> None:
+    """pop, rewind, fork, compact and the catalogue, each through the client as an agent calls them: what
+    the server keeps afterwards, read from Valkey, and an item read back and written again kept whole."""
+    cid, branch = new_conversation_id(), new_conversation_id()
+    call = {"type": "function_call", "name": "lookup", "arguments": '{"q": 1}', "call_id": "c1"}
+    async with AsyncMemoryClient(memory_url(launcher)) as memory:
+        await memory.append(cid, [{"role": "user", "content": "one", "id": "m1"}])
+        await memory.append(cid, [{"role": "assistant", "content": "", "id": "m2", "item": call}])
+        await memory.append(cid, [{"role": "user", "content": "three", "id": "m3"}])
+        popped = await memory.pop(cid, if_version=3)
+        assert popped.entry is not None and popped.entry.id == "m3" and popped.length == 2
+        with pytest.raises(VersionConflict):
+            await memory.pop(cid, if_version=3)  # the pop moved the version on
+        forked = await memory.fork(cid, branch, at_version=2)
+        assert (forked.conversation_id, forked.entries) == (branch, 2)
+        rewound = await memory.rewind(cid, to_version=1)
+        assert (rewound.removed, rewound.length) == (1, 1)
+        assert [e["id"] for e in stored(valkey_server, cid)] == ["m1"]
+        fork_history = await memory.read(branch)
+        assert [e.item for e in fork_history.entries] == [None, call]
+        await memory.replace(branch, fork_history.entries)
+        assert stored(valkey_server, branch)[1]["item"] == call, "an entry read back and re-seeded keeps its item"
+        compacted = await memory.compact(branch, {"role": "system", "content": "asked to look up q"}, 3)
+        with_summary = await memory.read(branch, summary=True)
+        assert with_summary.summary is not None and with_summary.summary.content == "asked to look up q"
+        assert with_summary.version == compacted.version and with_summary.entries == []
+        assert len((await memory.export(branch)).entries) == 2, "compaction keeps the transcript"
+
+    def catalogue() -> list[str]:
+        with MemoryClient(memory_url(launcher)) as memory:
+            ref = memory.set_metadata(branch, title="lookup", labels={"topic": "q"})
+            assert (ref.title, ref.labels) == ("lookup", {"topic": "q"})
+            return [c.conversation_id for c in memory.list_conversations(limit=50).conversations]
+
+    listed = await in_thread(catalogue)
+    assert listed.index(branch) < listed.index(cid), "newest write first"
+
+
 async def test_a_fresh_turn_id_is_minted_per_exchange(launcher: Launcher, valkey_server: ValkeyProcess) -> None:
     cid = new_conversation_id()
     async with AsyncMemoryClient(memory_url(launcher)) as memory:
