@@ -168,9 +168,7 @@ async def test_async_client_round_trip(launcher: Launcher, valkey_server: Valkey
     assert stored(valkey_server, cid) == []
 
 
-async def test_conversation_operations_through_the_clients(
-    launcher: Launcher, valkey_server: ValkeyProcess
-) -> None:
+async def test_conversation_operations_through_the_clients(launcher: Launcher, valkey_server: ValkeyProcess) -> None:
     """pop, rewind, fork, compact and the catalogue, each through the client as an agent calls them: what
     the server keeps afterwards, read from Valkey, and an item read back and written again kept whole."""
     cid, branch = new_conversation_id(), new_conversation_id()
