@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -101,6 +101,7 @@ class _Opened:
     longer ``header``: at once on the replica that erased it, on the others when their cached key is
     asked again (``cache_seconds``), the bound already set for the DEK itself."""
 
+    unit: str
     header: bytes
     entries: dict[bytes, bytes]
     size: int
@@ -211,9 +212,23 @@ class Sealer:
         from the conversation's memo (``_Opened``) instead of being opened again."""
         if not raw_entries:
             return []
+        memo = self._opened.get(conversation_key)
+        if memo is not None:
+            # The common read: every entry opened before, under the unit's DEK as cached now.
+            cached = self._cache.get(memo.unit)
+            if (
+                cached is not None
+                and cached.key is not None
+                and cached.key.header == memo.header
+                and self._clock() - cached.fetched < self._ttl
+            ):
+                get = memo.entries.get
+                hits = [get(raw) for raw in raw_entries]
+                if None not in hits:
+                    self._opened.move_to_end(conversation_key)
+                    return cast(list[bytes], hits)
         unit = data_key_unit(conversation_key)
         key = initial = await self._current(unit)
-        memo = self._opened.get(conversation_key)
         if memo is not None and (key is None or memo.header != key.header):
             self._forget_opened(conversation_key)
             memo = None
@@ -261,17 +276,17 @@ class Sealer:
             fresh.append((raw, entry))
         if fresh and key is not None and key is initial and self._opened_max:
             # (A key asked again halfway may differ from the one the entries before were opened with.)
-            self._remember_opened(conversation_key, key.header, fresh, len(raw_entries))
+            self._remember_opened(conversation_key, unit, key.header, fresh, len(raw_entries))
         return opened
 
     def _remember_opened(
-        self, conversation_key: str, header: bytes, fresh: list[tuple[bytes, bytes]], window: int
+        self, conversation_key: str, unit: str, header: bytes, fresh: list[tuple[bytes, bytes]], window: int
     ) -> None:
         memo = self._opened.get(conversation_key)
         if memo is None or memo.header != header:
             if memo is not None:
                 self._forget_opened(conversation_key)
-            memo = self._opened[conversation_key] = _Opened(header, {}, 0)
+            memo = self._opened[conversation_key] = _Opened(unit, header, {}, 0)
         elif len(memo.entries) + len(fresh) > _MEMO_SLACK * window + _MEMO_SLACK_ENTRIES:
             # Entries that slid out of the window are not read again: start over from this read's.
             self._opened_bytes -= memo.size
@@ -342,9 +357,8 @@ class Sealer:
         for cached in list(self._cache):
             if cached == unit or (whole_space and data_key_space(cached) == space):
                 del self._cache[cached]
-        for conversation_key in list(self._opened):
-            of = data_key_unit(conversation_key)
-            if of == unit or (whole_space and data_key_space(of) == space):
+        for conversation_key, memo in list(self._opened.items()):
+            if memo.unit == unit or (whole_space and data_key_space(memo.unit) == space):
                 self._forget_opened(conversation_key)
         return destroyed
 
