@@ -87,6 +87,9 @@ def test_moved_or_altered_ciphertext_is_refused(tmp_path: Path) -> None:
             await sealer.open(KEY, [flipped])
         with pytest.raises(SealedEntryInvalid):
             await sealer.open(KEY, [raw.replace(b'"sealed":"', b'"sealed":"!!')])
+        # A sealed part behind a head that names no id is refused, not answered as a plain entry.
+        with pytest.raises(SealedEntryInvalid):
+            await sealer.open(KEY, [raw.replace(b'{"id":"m1",', b'{"di":"m1",')])
 
     asyncio.run(scenario())
 
