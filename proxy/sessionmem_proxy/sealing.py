@@ -64,7 +64,7 @@ _HEADER_BYTES = 1 + DEK_ID_BYTES
 # What the scripts stamp on a stored entry after its id and version, and read there (``store``): kept in
 # clear, in front of the sealed part, in this order.
 _CLEAR_STAMPS = rb'(?:,"rewoundAt":\d+)?(?:,"idempotencyKey":"[^"]*")?'
-# A sealed entry: its clear head (group 1, the id in group 2), then the sealed part up to the closing '"}'.
+# A sealed entry: its clear head, then this mark, the sealed part in base64 and the closing '"}'.
 _SEALED_MARK = b',"sealed":"'
 _MARK_OFFSET = len(_SEALED_MARK) - 1  # from the sealed part's mark to the quote that opens its base64
 _OPENED = re.compile(rb'^(\{"id":"([^"]*)","v":\d+' + _CLEAR_STAMPS + rb"),(.*)$", re.S)
@@ -99,12 +99,15 @@ class _Opened:
     another entry, which opens (or fails) afresh; another conversation has its own memo, so an entry
     copied there still does not open; and the memo is dropped as soon as the unit's current DEK is no
     longer ``header``: at once on the replica that erased it, on the others when their cached key is
-    asked again (``cache_seconds``), the bound already set for the DEK itself."""
+    asked again (``cache_seconds``), the bound already set for the DEK itself. Nor does it outlive the
+    conversation's reads: a memo not read for ``cache_seconds`` is dropped (a deleted conversation's
+    text does not stay in memory until the byte bound pushes it out)."""
 
     unit: str
     header: bytes
     entries: dict[bytes, bytes]
     size: int
+    read_at: float
 
 
 @dataclass(slots=True)
@@ -212,6 +215,8 @@ class Sealer:
         from the conversation's memo (``_Opened``) instead of being opened again."""
         if not raw_entries:
             return []
+        now = self._clock()
+        self._sweep_opened(now)
         memo = self._opened.get(conversation_key)
         if memo is not None:
             # The common read: every entry opened before, under the unit's DEK as cached now.
@@ -220,11 +225,12 @@ class Sealer:
                 cached is not None
                 and cached.key is not None
                 and cached.key.header == memo.header
-                and self._clock() - cached.fetched < self._ttl
+                and now - cached.fetched < self._ttl
             ):
                 get = memo.entries.get
                 hits = [get(raw) for raw in raw_entries]
                 if None not in hits:
+                    memo.read_at = now
                     self._opened.move_to_end(conversation_key)
                     return cast(list[bytes], hits)
         unit = data_key_unit(conversation_key)
@@ -274,7 +280,7 @@ class Sealer:
             entry = raw[: quote - _MARK_OFFSET] + b"," + plain[1:]
             opened.append(entry)
             fresh.append((raw, entry))
-        if fresh and key is not None and key is initial and self._opened_max:
+        if (fresh or memo is not None) and key is not None and key is initial and self._opened_max:
             # (A key asked again halfway may differ from the one the entries before were opened with.)
             self._remember_opened(conversation_key, unit, key.header, fresh, len(raw_entries))
         return opened
@@ -286,7 +292,7 @@ class Sealer:
         if memo is None or memo.header != header:
             if memo is not None:
                 self._forget_opened(conversation_key)
-            memo = self._opened[conversation_key] = _Opened(unit, header, {}, 0)
+            memo = self._opened[conversation_key] = _Opened(unit, header, {}, 0, self._clock())
         elif len(memo.entries) + len(fresh) > _MEMO_SLACK * window + _MEMO_SLACK_ENTRIES:
             # Entries that slid out of the window are not read again: start over from this read's.
             self._opened_bytes -= memo.size
@@ -296,11 +302,22 @@ class Sealer:
             memo.entries[raw] = entry
             size += len(raw) + len(entry)
         memo.size += size
+        memo.read_at = self._clock()
         self._opened_bytes += size
         self._opened.move_to_end(conversation_key)
         while self._opened_bytes > self._opened_max:
             _, dropped = self._opened.popitem(last=False)
             self._opened_bytes -= dropped.size
+
+    def _sweep_opened(self, now: float) -> None:
+        """Drop the memos not read for ``cache_seconds`` (least recently read first: they lead)."""
+        opened = self._opened
+        while opened:
+            oldest = next(iter(opened.values()))
+            if now - oldest.read_at < self._ttl:
+                return
+            opened.popitem(last=False)
+            self._opened_bytes -= oldest.size
 
     def _forget_opened(self, conversation_key: str) -> None:
         memo = self._opened.pop(conversation_key, None)

@@ -144,6 +144,16 @@ def test_what_a_replica_keeps_of_opened_entries_is_bounded(tmp_path: Path) -> No
             entries.append(await _sealed(roomy, key, f"m{i}", SENTENCE, version=i))
             await roomy.open(key, entries[-2:])
         assert len(roomy._opened[key].entries) <= 4 * 2 + 64
+        # Nor does a conversation's memo outlive its reads by more than the cache time.
+        now = [0.0]
+        timed = Sealer(keyring, store, cache_seconds=30.0, clock=lambda: now[0])
+        assert len(await timed.open(key, entries[-4:])) == 4
+        now[0] = 20.0
+        assert len(await timed.open(f"{KEY}-0", [await _sealed(timed, f"{KEY}-0", "n1", SENTENCE)])) == 1
+        assert set(timed._opened) == {key, f"{KEY}-0"}
+        now[0] = 40.0
+        assert len(await timed.open(f"{KEY}-0", [await _sealed(timed, f"{KEY}-0", "n2", SENTENCE)])) == 1
+        assert set(timed._opened) == {f"{KEY}-0"}
 
     asyncio.run(scenario())
 
