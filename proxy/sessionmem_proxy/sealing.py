@@ -20,6 +20,10 @@ number): a replica that still holds an erased unit's DEK seals at most that long
 seals then is unreadable like everything else the DEK sealed, because the key is gone from the store. An
 entry whose DEK is not the unit's current one is such an erased entry: reads leave it out. A write after
 the erasure makes a new DEK (a new id), so nothing written afterwards depends on the destroyed one.
+
+An agent reads the same window every turn, two entries moved on, so each replica remembers the entries
+its reads opened, per conversation, for as long as their unit's DEK is the current one (``_Opened``):
+opening is an AEAD call and a base64 decode per entry, remembering one a dict lookup.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -60,13 +64,20 @@ _HEADER_BYTES = 1 + DEK_ID_BYTES
 # What the scripts stamp on a stored entry after its id and version, and read there (``store``): kept in
 # clear, in front of the sealed part, in this order.
 _CLEAR_STAMPS = rb'(?:,"rewoundAt":\d+)?(?:,"idempotencyKey":"[^"]*")?'
-# A sealed entry: its clear head (group 1, the id in group 2), then the sealed part up to the closing '"}'.
-_SEALED_HEAD = re.compile(rb'^(\{"id":"([^"]*)","v":\d+' + _CLEAR_STAMPS + rb'),"sealed":"')
+# A sealed entry: its clear head, then this mark, the sealed part in base64 and the closing '"}'.
+_SEALED_MARK = b',"sealed":"'
+_MARK_OFFSET = len(_SEALED_MARK) - 1  # from the sealed part's mark to the quote that opens its base64
 _OPENED = re.compile(rb'^(\{"id":"([^"]*)","v":\d+' + _CLEAR_STAMPS + rb"),(.*)$", re.S)
 # A reader that meets a DEK id other than the cached one asks the store again, at most this often per unit.
 _REFRESH_FLOOR_SECONDS = 1.0
 DEFAULT_CACHE_SECONDS = 30.0
 DEFAULT_CACHE_UNITS = 10_000
+# Opened entries a replica keeps, stored form and opened form counted (``_Opened``).
+DEFAULT_OPENED_BYTES = 16 * 1024 * 1024
+# A conversation's memo starts over once it holds more than this many times the entries of a read, plus
+# a few (the summary, a pop's entry): what slid out of the window is not read again.
+_MEMO_SLACK = 4
+_MEMO_SLACK_ENTRIES = 64
 
 
 @dataclass(slots=True)
@@ -76,6 +87,27 @@ class DataKey:
     unit: str
     header: bytes  # format byte + DEK id
     aead: AESGCM
+
+
+@dataclass(slots=True)
+class _Opened:
+    """What reads of one conversation opened under its unit's current DEK (``header``): each stored entry
+    (the exact bytes Valkey holds, clear head and sealed part) to the entry as the proxy answers it.
+
+    A memo of ``open``, not a second store: an entry opens to the same bytes for as long as its bytes,
+    its conversation and its DEK are the same, and only then is it answered from here. A changed byte is
+    another entry, which opens (or fails) afresh; another conversation has its own memo, so an entry
+    copied there still does not open; and the memo is dropped as soon as the unit's current DEK is no
+    longer ``header``: at once on the replica that erased it, on the others when their cached key is
+    asked again (``cache_seconds``), the bound already set for the DEK itself. Nor does it outlive the
+    conversation's reads: a memo not read for ``cache_seconds`` is dropped (a deleted conversation's
+    text does not stay in memory until the byte bound pushes it out)."""
+
+    unit: str
+    header: bytes
+    entries: dict[bytes, bytes]
+    size: int
+    read_at: float
 
 
 @dataclass(slots=True)
@@ -112,6 +144,7 @@ class Sealer:
         cache_seconds: float = DEFAULT_CACHE_SECONDS,
         cache_units: int = DEFAULT_CACHE_UNITS,
         clock: Callable[[], float] = time.monotonic,
+        opened_bytes: int = DEFAULT_OPENED_BYTES,
     ) -> None:
         self.wrapper = wrapper
         self.keys = store
@@ -119,6 +152,10 @@ class Sealer:
         self._max = cache_units
         self._clock = clock
         self._cache: OrderedDict[str, _Cached] = OrderedDict()
+        # Opened entries by conversation, least recently read first, bounded in bytes (0: none kept).
+        self._opened: OrderedDict[str, _Opened] = OrderedDict()
+        self._opened_bytes = 0
+        self._opened_max = opened_bytes
 
     def _remember(self, unit: str, key: DataKey | None) -> DataKey | None:
         self._cache[unit] = _Cached(key, self._clock())
@@ -173,41 +210,119 @@ class Sealer:
 
     async def open(self, conversation_key: str, raw_entries: Sequence[bytes]) -> list[bytes]:
         """The entries as the proxy answers them, opened; entries sealed with an erased DEK left out.
-        Fail closed: an entry that does not open under its conversation and id is SealedEntryInvalid."""
+        Fail closed: an entry that does not open under its conversation and id is SealedEntryInvalid.
+        An entry this replica opened for the same conversation under the unit's current DEK is answered
+        from the conversation's memo (``_Opened``) instead of being opened again."""
+        if not raw_entries:
+            return []
+        now = self._clock()
+        self._sweep_opened(now)
+        memo = self._opened.get(conversation_key)
+        if memo is not None:
+            # The common read: every entry opened before, under the unit's DEK as cached now.
+            cached = self._cache.get(memo.unit)
+            if (
+                cached is not None
+                and cached.key is not None
+                and cached.key.header == memo.header
+                and now - cached.fetched < self._ttl
+            ):
+                get = memo.entries.get
+                hits = [get(raw) for raw in raw_entries]
+                if None not in hits:
+                    memo.read_at = now
+                    self._opened.move_to_end(conversation_key)
+                    return cast(list[bytes], hits)
+        unit = data_key_unit(conversation_key)
+        key = initial = await self._current(unit)
+        if memo is not None and (key is None or memo.header != key.header):
+            self._forget_opened(conversation_key)
+            memo = None
+        remembered = memo.entries if memo is not None else {}
         opened: list[bytes] = []
-        key: DataKey | None = None
-        looked_up = False
+        fresh: list[tuple[bytes, bytes]] = []
         context = _entry_context_prefix(conversation_key)  # the part every entry here shares
         for raw in raw_entries:
-            match = _SEALED_HEAD.match(raw)
-            if match is None:
+            if remembered:
+                hit = remembered.get(raw)
+                if hit is not None:
+                    opened.append(hit)
+                    continue
+            # A sealed entry ends with its base64 (no '"' in it) in the last string: ',"sealed":"...."}'. An
+            # entry stored before sealing was turned on never ends with '"}': its last field is a number
+            # (``ts``) or an object (``item``).
+            quote = raw.rfind(b'"', 0, len(raw) - 2)
+            if not raw.endswith(b'"}') or not raw.startswith(_SEALED_MARK, quote - _MARK_OFFSET):
                 opened.append(raw)  # stored before sealing was turned on
                 continue
+            id_end = raw.find(b'"', 7)
+            if not raw.startswith(b'{"id":"') or not 7 <= id_end < quote - _MARK_OFFSET:
+                raise SealedEntryInvalid("a sealed entry is malformed")
             try:
-                if not raw.endswith(b'"}'):
-                    raise binascii.Error("unterminated")
-                blob = binascii.a2b_base64(raw[match.end() : -2], strict_mode=True)
+                blob = binascii.a2b_base64(raw[quote + 1 : -2], strict_mode=True)
             except binascii.Error as exc:
                 raise SealedEntryInvalid("a sealed entry is malformed") from exc
             header = blob[:_HEADER_BYTES]
             if len(blob) < _HEADER_BYTES + NONCE_BYTES or header[:1] != _FORMAT:
                 raise SealedEntryInvalid("a sealed entry has an unknown format")
-            if not looked_up:
-                key, looked_up = await self._current(data_key_unit(conversation_key)), True
             if key is None or key.header != header:
-                key = await self._refreshed(data_key_unit(conversation_key), key)
+                key = await self._refreshed(unit, key)
                 if key is None or key.header != header:
                     continue  # sealed with a DEK that was destroyed: erased
             try:
                 plain = key.aead.decrypt(
                     blob[_HEADER_BYTES : _HEADER_BYTES + NONCE_BYTES],
                     blob[_HEADER_BYTES + NONCE_BYTES :],
-                    context + match.group(2) + b"\0" + header,
+                    context + raw[7:id_end] + b"\0" + header,
                 )
             except InvalidTag as exc:
                 raise SealedEntryInvalid(f"an entry of {conversation_key!r} does not open: altered or moved") from exc
-            opened.append(match.group(1) + b"," + plain[1:])
+            entry = raw[: quote - _MARK_OFFSET] + b"," + plain[1:]
+            opened.append(entry)
+            fresh.append((raw, entry))
+        if (fresh or memo is not None) and key is not None and key is initial and self._opened_max:
+            # (A key asked again halfway may differ from the one the entries before were opened with.)
+            self._remember_opened(conversation_key, unit, key.header, fresh, len(raw_entries))
         return opened
+
+    def _remember_opened(
+        self, conversation_key: str, unit: str, header: bytes, fresh: list[tuple[bytes, bytes]], window: int
+    ) -> None:
+        memo = self._opened.get(conversation_key)
+        if memo is None or memo.header != header:
+            if memo is not None:
+                self._forget_opened(conversation_key)
+            memo = self._opened[conversation_key] = _Opened(unit, header, {}, 0, self._clock())
+        elif len(memo.entries) + len(fresh) > _MEMO_SLACK * window + _MEMO_SLACK_ENTRIES:
+            # Entries that slid out of the window are not read again: start over from this read's.
+            self._opened_bytes -= memo.size
+            memo.entries, memo.size = {}, 0
+        size = 0
+        for raw, entry in fresh:
+            memo.entries[raw] = entry
+            size += len(raw) + len(entry)
+        memo.size += size
+        memo.read_at = self._clock()
+        self._opened_bytes += size
+        self._opened.move_to_end(conversation_key)
+        while self._opened_bytes > self._opened_max:
+            _, dropped = self._opened.popitem(last=False)
+            self._opened_bytes -= dropped.size
+
+    def _sweep_opened(self, now: float) -> None:
+        """Drop the memos not read for ``cache_seconds`` (least recently read first: they lead)."""
+        opened = self._opened
+        while opened:
+            oldest = next(iter(opened.values()))
+            if now - oldest.read_at < self._ttl:
+                return
+            opened.popitem(last=False)
+            self._opened_bytes -= oldest.size
+
+    def _forget_opened(self, conversation_key: str) -> None:
+        memo = self._opened.pop(conversation_key, None)
+        if memo is not None:
+            self._opened_bytes -= memo.size
 
     async def seal_field(self, conversation_key: str, name: str, text: str) -> str:
         """A conversation's catalogue text (its title, its labels as JSON) as stored: sealed like its
@@ -259,6 +374,9 @@ class Sealer:
         for cached in list(self._cache):
             if cached == unit or (whole_space and data_key_space(cached) == space):
                 del self._cache[cached]
+        for conversation_key, memo in list(self._opened.items()):
+            if memo.unit == unit or (whole_space and data_key_space(memo.unit) == space):
+                self._forget_opened(conversation_key)
         return destroyed
 
 

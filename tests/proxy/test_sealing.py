@@ -74,6 +74,7 @@ def test_moved_or_altered_ciphertext_is_refused(tmp_path: Path) -> None:
     async def scenario() -> None:
         sealer = Sealer(_keyring(tmp_path / "kek", "k1"), DirectoryDataKeyStore(tmp_path / "deks"))
         raw = await _sealed(sealer, KEY, "m1", SENTENCE)
+        assert len(await sealer.open(KEY, [raw])) == 1  # opened once here: what follows is not a memo
         await sealer.writing_key(OTHER)  # same unit, another conversation
         with pytest.raises(SealedEntryInvalid):
             await sealer.open(OTHER, [raw])  # copied to another conversation of the same agent
@@ -86,6 +87,73 @@ def test_moved_or_altered_ciphertext_is_refused(tmp_path: Path) -> None:
             await sealer.open(KEY, [flipped])
         with pytest.raises(SealedEntryInvalid):
             await sealer.open(KEY, [raw.replace(b'"sealed":"', b'"sealed":"!!')])
+        # A sealed part behind a head that names no id is refused, not answered as a plain entry.
+        with pytest.raises(SealedEntryInvalid):
+            await sealer.open(KEY, [raw.replace(b'{"id":"m1",', b'{"di":"m1",')])
+
+    asyncio.run(scenario())
+
+
+def test_a_reread_answers_what_opening_does_and_never_outlives_the_key(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = DirectoryDataKeyStore(tmp_path / "deks")
+        keyring = _keyring(tmp_path / "kek", "k1")
+        now = [0.0]
+        sealer = Sealer(keyring, store, cache_seconds=30.0, clock=lambda: now[0])
+        replica = Sealer(keyring, store, cache_seconds=30.0, clock=lambda: now[0])
+        window = [await _sealed(sealer, KEY, f"m{i}", f"{SENTENCE} ({i})", version=i) for i in range(1, 6)]
+        first = await sealer.open(KEY, window)
+        assert first == await Sealer(keyring, store, opened_bytes=0).open(KEY, window)
+        # Read again, and again with the window moved on (and a stamp on one entry): the same answers.
+        assert await sealer.open(KEY, window) == first
+        later = [*window[2:], await _sealed(sealer, KEY, "m6", "newer", version=6)]
+        later[0] = later[0].replace(b',"v":3', b',"v":3,"rewoundAt":9')
+        assert await sealer.open(KEY, later) == await Sealer(keyring, store, opened_bytes=0).open(KEY, later)
+        assert orjson.loads((await sealer.open(KEY, later))[0])["rewoundAt"] == 9
+        # A re-read entry is still bound to its conversation: copied to another, it does not open.
+        with pytest.raises(SealedEntryInvalid):
+            await sealer.open(OTHER, window)
+        assert len(await replica.open(KEY, window)) == 5
+        # Erased here: gone from this replica's answers at once, from the other's within its cache time.
+        await sealer.erase(unit_of(KEY))
+        assert await sealer.open(KEY, window) == []
+        now[0] = 29.0
+        assert len(await replica.open(KEY, window)) == 5
+        now[0] = 31.0
+        assert await replica.open(KEY, window) == []
+
+    asyncio.run(scenario())
+
+
+def test_what_a_replica_keeps_of_opened_entries_is_bounded(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = DirectoryDataKeyStore(tmp_path / "deks")
+        keyring = _keyring(tmp_path / "kek", "k1")
+        bound = 4096
+        sealer = Sealer(keyring, store, opened_bytes=bound)
+        for c in range(20):
+            key = f"{KEY}-{c}"
+            window = [await _sealed(sealer, key, f"m{i}", SENTENCE, version=i) for i in range(1, 9)]
+            assert len(await sealer.open(key, window)) == 8
+            assert 0 < sealer._opened_bytes <= bound
+        assert len(sealer._opened) < 20  # the least recently read were dropped
+        # A conversation's memo starts over when the window moved far past what it holds.
+        key, entries = f"{KEY}-x", []
+        roomy = Sealer(keyring, store)
+        for i in range(1, 200):
+            entries.append(await _sealed(roomy, key, f"m{i}", SENTENCE, version=i))
+            await roomy.open(key, entries[-2:])
+        assert len(roomy._opened[key].entries) <= 4 * 2 + 64
+        # Nor does a conversation's memo outlive its reads by more than the cache time.
+        now = [0.0]
+        timed = Sealer(keyring, store, cache_seconds=30.0, clock=lambda: now[0])
+        assert len(await timed.open(key, entries[-4:])) == 4
+        now[0] = 20.0
+        assert len(await timed.open(f"{KEY}-0", [await _sealed(timed, f"{KEY}-0", "n1", SENTENCE)])) == 1
+        assert set(timed._opened) == {key, f"{KEY}-0"}
+        now[0] = 40.0
+        assert len(await timed.open(f"{KEY}-0", [await _sealed(timed, f"{KEY}-0", "n2", SENTENCE)])) == 1
+        assert set(timed._opened) == {f"{KEY}-0"}
 
     asyncio.run(scenario())
 
