@@ -90,12 +90,15 @@ MEMBERSHIP_CACHE_SECONDS = "SESSIONMEM_MEMBERSHIP_CACHE_SECONDS"
 REDACT_PATTERNS = "SESSIONMEM_REDACT_PATTERNS"
 # Encryption at rest (off until a keyring is mounted): the key-encryption keys (a folder, one file per key
 # id), where the wrapped data keys live ("secret": Secrets in SESSIONMEM_SEALING_NAMESPACE, the proxy's
-# own; "directory": files in SESSIONMEM_SEALING_KEY_DIR) and how long a replica caches an unwrapped one.
+# own; "directory": files in SESSIONMEM_SEALING_KEY_DIR), how long a replica caches an unwrapped one, and
+# how many bytes of opened (decrypted) entries it keeps for rereads of the same window (0: none).
 SEALING_KEYRING = "SESSIONMEM_SEALING_KEYRING"
 SEALING_KEY_STORE = "SESSIONMEM_SEALING_KEY_STORE"
 SEALING_NAMESPACE = "SESSIONMEM_SEALING_NAMESPACE"
 SEALING_KEY_DIR = "SESSIONMEM_SEALING_KEY_DIR"
 SEALING_CACHE_SECONDS = "SESSIONMEM_SEALING_CACHE_SECONDS"
+SEALING_OPENED_BYTES = "SESSIONMEM_SEALING_OPENED_BYTES"
+DEFAULT_SEALING_OPENED_BYTES = 16 * 1024 * 1024
 
 # --- operator side, written by the chart ---
 OPERATOR_PROXY_URL = "SESSIONMEM_OPERATOR_PROXY_URL"
@@ -330,6 +333,7 @@ class ProxySettings:
     sealing_namespace: str | None = None
     sealing_key_dir: str | None = None
     sealing_cache_seconds: float = 30.0
+    sealing_opened_bytes: int = DEFAULT_SEALING_OPENED_BYTES
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProxySettings:
@@ -365,4 +369,5 @@ class ProxySettings:
             sealing_namespace=env.get(SEALING_NAMESPACE) or None,
             sealing_key_dir=env.get(SEALING_KEY_DIR) or None,
             sealing_cache_seconds=_float(env, SEALING_CACHE_SECONDS, 30.0),
+            sealing_opened_bytes=_int(env, SEALING_OPENED_BYTES, DEFAULT_SEALING_OPENED_BYTES, 0, 1 << 34),
         )

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, cast
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from sessionmem_core import env
 from sessionmem_core.errors import SealedEntryInvalid
 from sessionmem_core.keys import data_key_space, data_key_unit
 from sessionmem_proxy.datakeys import (
@@ -73,7 +74,7 @@ _REFRESH_FLOOR_SECONDS = 1.0
 DEFAULT_CACHE_SECONDS = 30.0
 DEFAULT_CACHE_UNITS = 10_000
 # Opened entries a replica keeps, stored form and opened form counted (``_Opened``).
-DEFAULT_OPENED_BYTES = 16 * 1024 * 1024
+DEFAULT_OPENED_BYTES = env.DEFAULT_SEALING_OPENED_BYTES
 # A conversation's memo starts over once it holds more than this many times the entries of a read, plus
 # a few (the summary, a pop's entry): what slid out of the window is not read again.
 _MEMO_SLACK = 4
@@ -389,4 +390,4 @@ def sealer_from_settings(
         return None, None
     wrapper = Keyring.load(Path(settings.sealing_keyring))
     store, closer = key_store_from_settings(settings, kube)
-    return Sealer(wrapper, store, settings.sealing_cache_seconds), closer
+    return Sealer(wrapper, store, settings.sealing_cache_seconds, opened_bytes=settings.sealing_opened_bytes), closer

@@ -68,9 +68,13 @@ def test_the_keyring_secret_and_cache_time_can_be_named() -> None:
         "proxy.encryption.keyringSecret=my-keks",
         "--set",
         "proxy.encryption.cacheSeconds=5",
+        "--set",
+        "proxy.encryption.openedCacheBytes=0",
     )
     assert {v["name"]: v for v in pod_spec(_proxy(docs))["volumes"]}["keyring"]["secret"]["secretName"] == "my-keks"
     assert _settings(docs).sealing_cache_seconds == 5.0
+    assert _settings(docs).sealing_opened_bytes == 0, "the decrypted-entry memo can be turned off"
+    assert _settings(render("--set", "proxy.encryption.enabled=true")).sealing_opened_bytes == 16 * 1024 * 1024
     assert env.SEALING_CACHE_SECONDS in {e["name"] for e in containers(_proxy(docs))[0]["env"]}
 
 
@@ -89,6 +93,7 @@ def test_the_data_keys_and_their_role_can_live_in_a_namespace_of_their_own() -> 
 def test_the_schema_refuses_what_the_proxy_would_not_start_with() -> None:
     for bad in (
         "proxy.encryption.cacheSeconds=0",
+        "proxy.encryption.openedCacheBytes=-1",
         "proxy.encryption.keyringSecret=Not_A_Name",
         "proxy.encryption.dataKeyNamespace=Not_A_Namespace",
         "proxy.encryption.x=1",
