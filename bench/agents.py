@@ -8,7 +8,8 @@ calls, as the agent framework makes them:
 
 - sessionmem through the launcher (full path: client -> launcher -> proxy -> Valkey), with the project's
   client (``sessionmem_client``: its OpenAI Agents ``Session`` and its LangChain chat history), and with a
-  minimal keep-alive HTTP client (the cost of the path itself, without a client library);
+  minimal keep-alive HTTP client sending the ``Session``'s entries, made once (the cost of the path itself,
+  without a client library);
 - openai-agents ``RedisSession`` (in-process, redis-py asyncio, against the same Valkey), ``get_items(40)``
   and ``add_items``; with its default settings, and with ``ttl`` set like sessionmem's 24 h retention;
 - langchain-community ``RedisChatMessageHistory`` (one instance per conversation, reused, default settings):
@@ -150,6 +151,20 @@ def _tool_turn_items() -> list[dict[str, Any]]:
     ]
 
 
+def _as_entries(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Items as the memory API's entries, each with its role and text and the item itself, as the Agents SDK
+    session sends them (for the minimal client, which has no adapter)."""
+    texts = {"function_call": "arguments", "function_call_output": "output"}
+    entries = []
+    for item in items:
+        role = item.get("role") or item["type"]
+        content = item.get(texts.get(role, "content"), "")
+        if not isinstance(content, str):
+            content = "\n".join(part["text"] for part in content)
+        entries.append({"role": role, "content": content, "item": item})
+    return entries
+
+
 def _tool_turn_messages() -> list[Any]:
     """One tool turn as LangChain hands it to its history."""
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -205,10 +220,9 @@ def sessionmem_raw(port: int, warmup: float, seconds: float) -> AgentResult:
     name = "sessionmem, minimal HTTP client"
     description = "full path; a keep-alive socket + orjson (the path's own cost, no client library)"
     http = KeepAliveHTTP(port)
-    body = orjson.dumps(
-        {"entries": [{"role": "user", "content": USER_TEXT}, {"role": "assistant", "content": ASSISTANT_TEXT}]}
-    )
-    seed = orjson.dumps({"entries": _seed_items()})
+    # The Agents SDK session's requests, made once: the same entries and bytes, without the library.
+    body = orjson.dumps({"entries": _as_entries(_tool_turn_items())})
+    seed = orjson.dumps({"entries": _as_entries(_seed_items())})
 
     def new_conversation(index: int) -> Turn:
         path = api.entries_path(f"agent-raw-{index}")

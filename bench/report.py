@@ -297,6 +297,16 @@ def targets(results: dict[str, Any], derived: dict[str, float | None]) -> list[T
             derived["agent_redis_session_vs_sessionmem"],
             1.0,
         ),
+        at_least(
+            "sequential agent per-turn cost, RedisSession (ttl) / sessionmem (Agents SDK Session)",
+            derived["agent_redis_session_ttl_vs_sessionmem"],
+            1.0,
+        ),
+        at_least(
+            "sequential agent per-turn cost, RedisChatMessageHistory / sessionmem (LangChain history)",
+            derived["agent_langchain_redis_vs_sessionmem_langchain"],
+            0.8,
+        ),
         at_most("launcher RSS (worst of after start / after load)", rss_worst, 40 * MIB, "MiB", 1 / MIB),
         at_most("launcher exec -> ready (median)", launcher.get("ready_s_median"), 0.4, "s"),
         at_most("read(40): 500-entry / 40-entry history (p50 @1 conn)", derived["history_500_vs_40"], 1.2, "x"),

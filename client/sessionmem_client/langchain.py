@@ -83,6 +83,15 @@ def entry_to_message(entry: Mapping[str, Any]) -> BaseMessage:
     return ChatMessage(role=role, content=content, id=entry_id)
 
 
+def _messages_of(entries: Sequence[Mapping[str, Any]]) -> list[BaseMessage]:
+    """``entry_to_message`` of each entry; the items of a history written by this adapter (all of them
+    carry one) converted by one ``messages_from_dict`` call, as LangChain's own histories do."""
+    items = [entry.get("item") for entry in entries]
+    if all(isinstance(item, dict) and "type" in item and "data" in item for item in items):
+        return messages_from_dict(items)  # type: ignore[arg-type]  # checked just above
+    return [entry_to_message(entry) for entry in entries]
+
+
 def _batches(messages: Sequence[BaseMessage]) -> list[tuple[list[EntryFields], str]]:
     """The appends of one ``add_messages`` call and their idempotency keys."""
     entries = [message_to_entry(m) for m in messages]
@@ -128,7 +137,7 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
     def _select(self, entries: list[dict[str, Any]]) -> list[BaseMessage]:
         if self.window is not None:
             entries = entries[-self.window :] if self.window else []
-        return [entry_to_message(entry) for entry in entries]
+        return _messages_of(entries)
 
     @property
     def messages(self) -> list[BaseMessage]:

@@ -44,6 +44,10 @@ _IDEMPOTENCY_KEY = api.IDEMPOTENCY_KEY_HEADER.encode()
 _RETRY_AFTER = "retry-after"
 # How often an export starts over when the conversation changed between its pages.
 _EXPORT_ATTEMPTS = 3
+# How a JSON document whose last member is ``"nextOffset": null`` ends (written compactly, as the proxy
+# writes its pages): nothing else can end a document with these bytes, since the final brace closes the
+# outermost object. A page that ends otherwise (a summary after it, another layout) is decoded.
+_LAST_PAGE_END = b'"nextOffset":null}'
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,11 +272,15 @@ class Forwarder:
         own = [(name, value) for name, value in query if name != api.OFFSET_PARAM]
         for _attempt in range(_EXPORT_ATTEMPTS):
             first = await self._send("GET", "export", path, own, None, caller)
-            if first.status != 200:
+            if first.status != 200 or first.body.endswith(_LAST_PAGE_END):
+                # One page is the whole conversation: the proxy's document as it came, not decoded (as a
+                # read's answer is passed on).
                 return first
             document = _export_page(first, 0)
             entries: list[object] = document["entries"]
             offset, consistent = document["nextOffset"], True
+            if offset is None:
+                return MemoryReply(200, first.body, first.scope, len(entries), first.version)
             while offset is not None:
                 page = await self._send("GET", "export", path, [*own, (api.OFFSET_PARAM, str(offset))], None, caller)
                 if page.status != 200:

@@ -317,10 +317,10 @@ async def export_conversation(ctx: ProxyContext, p: AdminExportParams, _: BaseMo
     conversation_id = p.conversation
     key = conversation_key(prefix, parse_conversation_id(conversation_id))
     with ctx.tracer.span("admin_export", conversation_id, p.traceparent) as span:
-        length = (await ctx.store.info(key))[0]
-        if not length:
+        exported = await export_page(ctx.store, key, p.offset)
+        if not exported.length:
             raise NotFound(f"there is no conversation {conversation_id!r} there")
-        page, next_offset = await export_page(ctx.store, key, p.offset, length)
+        page, next_offset = exported.raw_entries, exported.next_offset
         span.entries = len(page)
     bucket = bucket_and_conversation(owner, key)
     head = (

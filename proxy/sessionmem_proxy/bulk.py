@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sessionmem_core.keys import data_key_unit_of_space, keys_under
-from sessionmem_proxy.store import ConversationStore
+from sessionmem_proxy.store import ConversationStore, ExportPage
 
 _SCAN_BATCH = 200
 # A page scans at most this many batches, so one request stays bounded however sparse the keyspace.
@@ -21,21 +21,14 @@ EXPORT_FIRST_STEP_ENTRIES = 4
 EXPORT_MAX_STEP_ENTRIES = 256
 
 
-async def export_page(store: ConversationStore, key: str, offset: int, length: int) -> tuple[list[bytes], int | None]:
-    """The stored entries of one export page, from ``offset`` of a list of ``length``; and the offset of the
-    next page, None once this one reached the end. Not a snapshot: entries written or trimmed between
-    pages shift the offsets, so a busy conversation's export may repeat or miss an entry at a page edge."""
-    page: list[bytes] = []
-    at, taken, step = offset, 0, EXPORT_FIRST_STEP_ENTRIES
-    while taken < EXPORT_PAGE_BYTES and at < length:
-        got = await store.read_range(key, at, min(at + step, length) - 1)
-        if not got:
-            return page, None  # trimmed meanwhile: the list ends here now
-        page += got
-        at += len(got)
-        taken += sum(map(len, got))
-        step = max(1, min(EXPORT_MAX_STEP_ENTRIES, (EXPORT_PAGE_BYTES - taken) // max(map(len, got))))
-    return page, at if at < length else None
+async def export_page(store: ConversationStore, key: str, offset: int, summary: bool = False) -> ExportPage:
+    """One export page from ``offset`` (its next page's offset None once it reached the end), with the
+    list's length and version, in one round trip; with ``summary``, also the compaction summary. Not a
+    snapshot across pages: entries written or trimmed between pages shift the offsets, so a busy
+    conversation's export may repeat or miss an entry at a page edge."""
+    return await store.export_page(
+        key, offset, EXPORT_PAGE_BYTES, EXPORT_FIRST_STEP_ENTRIES, EXPORT_MAX_STEP_ENTRIES, summary
+    )
 
 
 async def conversations_under(

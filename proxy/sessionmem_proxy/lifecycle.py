@@ -52,9 +52,10 @@ async def search(ctx: ProxyContext, p: SearchParams, _: BaseModel | None) -> Rep
             length, version, _ttl = await ctx.store.info(op.key)
             offset: int | None = 0 if ranking.searching and length else None
             while offset is not None:
-                page, offset = await export_page(ctx.store, op.key, offset, length)
-                await quotas.pace(owner, sum(map(len, page)))
-                ranking.add(page)
+                page = await export_page(ctx.store, op.key, offset)
+                offset = page.next_offset
+                await quotas.pace(owner, sum(map(len, page.raw_entries)))
+                ranking.add(page.raw_entries)
         finally:
             end()
         matches = ranking.best(READ_ANSWER_BYTES)
@@ -204,23 +205,22 @@ async def export(ctx: ProxyContext, p: ExportParams, _: BaseModel | None) -> Rep
         owner = op.identity.owner
         end = quotas.open_stream(owner)
         try:
-            length, version, _ttl = await ctx.store.info(op.key)
-            page, next_offset = await export_page(ctx.store, op.key, p.offset, length)
-            op.span.entries, op.span.version = len(page), version
             # The first page carries the compaction summary too: an export answers everything kept.
-            summary = await ctx.store.summary_of(op.key) if p.offset == 0 else None
+            page = await export_page(ctx.store, op.key, p.offset, summary=p.offset == 0)
+            op.span.entries, op.span.version = len(page.raw_entries), page.version
+            summary = page.raw_summary
             body = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[%s],"nextOffset":%s%s}' % (
                 orjson.dumps(op.conversation),
                 op.scope.encode(),
-                version,
-                b",".join(page),
-                b"null" if next_offset is None else b"%d" % next_offset,
+                page.version,
+                b",".join(page.raw_entries),
+                b"null" if page.next_offset is None else b"%d" % page.next_offset,
                 b',"summary":' + summary if summary else b"",
             )
             await quotas.pace(owner, len(body))
         finally:
             end()
-    return memory_reply(body, op.scope, length, version)
+    return memory_reply(body, op.scope, page.length, page.version)
 
 
 def _catalogue_cursor(cursor: str) -> tuple[int, int] | None:

@@ -527,6 +527,36 @@ _SUMMARY_OF = """#!lua flags=no-writes
 return redis.call('HGET', KEYS[1], ARGV[1]) or ''
 """
 
+# One page of an export in one step, so a page is one round trip and its entries, the list's length and
+# version (and the summary) are of one moment: {length, newest entry or '', the page, the next page's
+# offset or -1, the compaction summary or ''}. From offset ARGV[1], entries until they pass ARGV[2] bytes,
+# read in steps sized from the largest entry so far, from ARGV[3] entries up to ARGV[4] (entries may be
+# large, so the first step is small). With KEYS[2] (the catalogue's summaries: standalone only) and
+# ARGV[5] (the conversation key), also its compaction summary.
+_EXPORT_PAGE = """#!lua flags=no-writes
+local key, at, budget = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
+local step, max_step = tonumber(ARGV[3]), tonumber(ARGV[4])
+local n = redis.call('LLEN', key)
+local tail = n > 0 and redis.call('LINDEX', key, -1) or ''
+local page, taken = {}, 0
+while taken < budget and at < n do
+  local got = redis.call('LRANGE', key, at, math.min(at + step, n) - 1)
+  if #got == 0 then break end
+  local largest = 1
+  for i = 1, #got do
+    local size = #got[i]
+    page[#page + 1] = got[i]
+    taken = taken + size
+    if size > largest then largest = size end
+  end
+  at = at + #got
+  step = math.max(1, math.min(max_step, math.floor((budget - taken) / largest)))
+end
+local summary = ''
+if KEYS[2] then summary = redis.call('HGET', KEYS[2], ARGV[5]) or '' end
+return {n, tail, page, at < n and at or -1, summary}
+"""
+
 # Record a compaction summary, in the accounting's slot: KEYS = expiries, sizes, the catalogue's three;
 # ARGV = the conversation key, the summary as stored, the conversation's TTL, max conversations, max
 # bytes. Its bytes count with the conversation's (a 'set' of its size, a replace or a new conversation,
@@ -703,6 +733,17 @@ class ReadResult:
     def entries_json(self) -> bytes:
         """The entries as a JSON array, made of the stored bytes without decoding them."""
         return b"[" + b",".join(self.raw_entries) + b"]"
+
+
+@dataclass(slots=True)
+class ExportPage:
+    """One page of an export (``ConversationStore.export_page``), read in one step."""
+
+    length: int
+    version: int
+    raw_entries: list[bytes]
+    next_offset: int | None
+    raw_summary: bytes | None = None
 
 
 @dataclass(slots=True)
@@ -892,6 +933,7 @@ class ConversationStore:
         self._compact = client.register_script(_COMPACT)
         self._set_metadata = client.register_script(_SET_METADATA)
         self._read_window = client.register_script(_READ_WINDOW)
+        self._export_page = client.register_script(_EXPORT_PAGE)
 
     async def append(
         self,
@@ -1054,6 +1096,31 @@ class ConversationStore:
         raw: list[bytes] = await self._guard(self._client.lrange(key, 0, -1))
         version = version_of(raw[-1]) if raw else 0
         return ReadResult(version=version, raw_entries=await self._open(key, raw))
+
+    async def export_page(
+        self, key: str, offset: int, page_bytes: int, first_step: int, max_step: int, summary: bool
+    ) -> ExportPage:
+        """The entries from ``offset`` until they pass ``page_bytes`` (read in steps of ``first_step`` up to
+        ``max_step`` entries), the list's length and version, and with ``summary`` its compaction summary,
+        in one round trip. (With sealing, an entry whose data key was erased is left out, so a page may hold
+        fewer than its offsets span.)"""
+        summaries = usage_keys_of(key)[3] if summary and self.ledger is not None else None
+        args: list[Any] = [offset, page_bytes, first_step, max_step]
+        if summaries is not None and self._counted:
+            reply = await self._guard(self._export_page(keys=[key, summaries], args=[*args, key]))
+        else:
+            reply = await self._call(self._export_page, key, args)
+        length, tail, raw, next_offset, head = reply
+        if summaries is not None and not self._counted:
+            head = await self._guard(self._summary_of(keys=[summaries], args=[key]))
+        summary_of = await self._open(key, [bytes(head)]) if head else []
+        return ExportPage(
+            length=int(length),
+            version=version_of(tail) if tail else 0,
+            raw_entries=await self._open(key, list(raw)),
+            next_offset=None if int(next_offset) < 0 else int(next_offset),
+            raw_summary=summary_of[0] if summary_of else None,
+        )
 
     async def read_range(self, key: str, start: int, stop: int) -> list[bytes]:
         """Entries ``start`` to ``stop`` (LRANGE indexes, inclusive): one page of an export. (With sealing,

@@ -1129,7 +1129,7 @@ async def test_valkey_acl_lets_the_store_work_and_nothing_else(chart_valkey: tup
         exercised = {
             *("append", "read", "read_with_summary", "info", "scan", "read_all", "read_range", "replace"),
             *("delete", "ping", "pop", "rewind", "create", "compact", "summary_of", "catalogue_page"),
-            "set_metadata",
+            *("set_metadata", "export_page"),
         }
         public = {name for name, _ in inspect.getmembers(ConversationStore, inspect.iscoroutinefunction)}
         public = {name for name in public if not name.startswith("_")}
@@ -1145,6 +1145,8 @@ async def test_valkey_acl_lets_the_store_work_and_nothing_else(chart_valkey: tup
         assert key in (await store.scan("mem:team/agent:*", 0, 100))[1]
         assert len((await store.read_all(key)).raw_entries) == 1
         assert len(await store.read_range(key, 0, 15)) == 1
+        exported = await store.export_page(key, 0, 1 << 20, 4, 256, True)
+        assert (exported.length, len(exported.raw_entries), exported.next_offset) == (1, 1, None)
         replaced = await store.replace(key, [NewEntry("user", "seed")], "team/agent", 1, 10, 60, _QUOTA)
         assert replaced.version == 2
         for text in ("two", "three", "four"):
