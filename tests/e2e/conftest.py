@@ -393,8 +393,10 @@ class OtlpReceiver:
             time.sleep(1)
 
 
-def _otlp_receiver_manifest(namespace: str, image: str) -> str:
-    labels = {"app": "otlp-receiver"}
+def script_service_manifest(name: str, namespace: str, script: Path, pod: dict[str, Any], port: int) -> str:
+    """A Deployment of ``pod`` (labelled ``app: name``) with ``script`` in a ConfigMap named ``name`` (the
+    pod mounts it), and a Service on ``port``: how the e2e brings its small helper services."""
+    labels = {"app": name}
     return json.dumps(
         {
             "apiVersion": "v1",
@@ -403,51 +405,47 @@ def _otlp_receiver_manifest(namespace: str, image: str) -> str:
                 {
                     "apiVersion": "v1",
                     "kind": "ConfigMap",
-                    "metadata": {"name": "otlp-receiver", "namespace": namespace},
-                    "data": {OTLP_RECEIVER.name: OTLP_RECEIVER.read_text(encoding="utf-8")},
+                    "metadata": {"name": name, "namespace": namespace},
+                    "data": {script.name: script.read_text(encoding="utf-8")},
                 },
                 {
                     "apiVersion": "apps/v1",
                     "kind": "Deployment",
-                    "metadata": {"name": "otlp-receiver", "namespace": namespace},
+                    "metadata": {"name": name, "namespace": namespace},
                     "spec": {
                         "selector": {"matchLabels": labels},
-                        "template": {
-                            "metadata": {"labels": labels},
-                            "spec": {
-                                "automountServiceAccountToken": False,
-                                "containers": [
-                                    {
-                                        "name": "receiver",
-                                        "image": image,
-                                        "imagePullPolicy": "Never",
-                                        "command": ["python", f"/receiver/{OTLP_RECEIVER.name}", str(OTLP_PORT)],
-                                        "ports": [{"name": "otlp-http", "containerPort": OTLP_PORT}],
-                                        "readinessProbe": {
-                                            "httpGet": {"path": "/healthz", "port": OTLP_PORT},
-                                            "periodSeconds": 1,
-                                        },
-                                        "securityContext": {
-                                            "readOnlyRootFilesystem": True,
-                                            "allowPrivilegeEscalation": False,
-                                        },
-                                        "volumeMounts": [{"name": "receiver", "mountPath": "/receiver"}],
-                                    }
-                                ],
-                                "volumes": [{"name": "receiver", "configMap": {"name": "otlp-receiver"}}],
-                            },
-                        },
+                        "template": {"metadata": {"labels": labels}, "spec": pod},
                     },
                 },
                 {
                     "apiVersion": "v1",
                     "kind": "Service",
-                    "metadata": {"name": "otlp-receiver", "namespace": namespace},
-                    "spec": {"selector": labels, "ports": [{"port": OTLP_PORT, "targetPort": OTLP_PORT}]},
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": {"selector": labels, "ports": [{"port": port, "targetPort": port}]},
                 },
             ],
         }
     )
+
+
+def _otlp_receiver_manifest(namespace: str, image: str) -> str:
+    pod = {
+        "automountServiceAccountToken": False,
+        "containers": [
+            {
+                "name": "receiver",
+                "image": image,
+                "imagePullPolicy": "Never",
+                "command": ["python", f"/receiver/{OTLP_RECEIVER.name}", str(OTLP_PORT)],
+                "ports": [{"name": "otlp-http", "containerPort": OTLP_PORT}],
+                "readinessProbe": {"httpGet": {"path": "/healthz", "port": OTLP_PORT}, "periodSeconds": 1},
+                "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False},
+                "volumeMounts": [{"name": "receiver", "mountPath": "/receiver"}],
+            }
+        ],
+        "volumes": [{"name": "receiver", "configMap": {"name": "otlp-receiver"}}],
+    }
+    return script_service_manifest("otlp-receiver", namespace, OTLP_RECEIVER, pod, OTLP_PORT)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import CHART, ROLLOUT_SECONDS, E2ECluster, helm
+from tests.e2e.conftest import CHART, ROLLOUT_SECONDS, E2ECluster, helm, script_service_manifest
 from tests.support.tls import PrivateCA
 
 pytestmark = pytest.mark.e2e
@@ -29,7 +29,6 @@ def _secret(name: str, namespace: str, files: dict[str, Path]) -> str:
 
 
 def _valkey_behind_tls(namespace: str, cluster: E2ECluster) -> str:
-    labels = {"app": "valkey-tls"}
     security = {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False}
     pod = {
         "automountServiceAccountToken": False,
@@ -60,40 +59,12 @@ def _valkey_behind_tls(namespace: str, cluster: E2ECluster) -> str:
             },
         ],
         "volumes": [
-            {"name": "front", "configMap": {"name": "tls-front"}},
+            {"name": "front", "configMap": {"name": "valkey-tls"}},
             {"name": "tls", "secret": {"secretName": "valkey-server-tls"}},
             {"name": "tmp", "emptyDir": {}},
         ],
     }
-    return json.dumps(
-        {
-            "apiVersion": "v1",
-            "kind": "List",
-            "items": [
-                {
-                    "apiVersion": "v1",
-                    "kind": "ConfigMap",
-                    "metadata": {"name": "tls-front", "namespace": namespace},
-                    "data": {FRONT.name: FRONT.read_text(encoding="utf-8")},
-                },
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "Deployment",
-                    "metadata": {"name": "valkey-tls", "namespace": namespace},
-                    "spec": {
-                        "selector": {"matchLabels": labels},
-                        "template": {"metadata": {"labels": labels}, "spec": pod},
-                    },
-                },
-                {
-                    "apiVersion": "v1",
-                    "kind": "Service",
-                    "metadata": {"name": "valkey-tls", "namespace": namespace},
-                    "spec": {"selector": labels, "ports": [{"port": FRONT_PORT, "targetPort": FRONT_PORT}]},
-                },
-            ],
-        }
-    )
+    return script_service_manifest("valkey-tls", namespace, FRONT, pod, FRONT_PORT)
 
 
 def test_the_proxy_reaches_a_tls_valkey_with_a_ca_and_client_certificate_from_a_secret(
