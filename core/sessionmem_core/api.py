@@ -120,7 +120,8 @@ def export_path(conversation_id: str) -> str:
 CONVERSATIONS_PATH = f"{API_PREFIX}/conversations"
 USER_CONVERSATIONS_PATH = f"{API_PREFIX}/users/me/conversations"
 # The launcher's serving port: ready only while the agent behind it accepts connections (the readiness
-# probe the operator renders), so no turn reaches a pod whose agent is not listening yet.
+# probe the operator renders), so no turn reaches a pod whose agent is not listening yet. A pod's first
+# ready answer also waits, within the same time, for the proxy to answer (fail-open: ready without it).
 AGENT_READY_PATH = "/readyz"
 # How long that readiness answer waits for the agent to start listening before it says 502: the probe
 # succeeds the moment the agent is up, and an agent that starts within it leaves no failed probe behind

@@ -14,6 +14,7 @@ the span. A call refused before it could be forwarded (its id, its body, its tur
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -42,6 +43,8 @@ _LOG = logging.getLogger("sessionmem.launcher")
 _IF_MATCH = api.IF_MATCH_HEADER.encode()
 _IDEMPOTENCY_KEY = api.IDEMPOTENCY_KEY_HEADER.encode()
 _RETRY_AFTER = "retry-after"
+# How often a pod's first readiness answer tries the proxy while it waits for it to answer.
+_REACH_RETRY_SECONDS = 0.1
 # How often an export starts over when the conversation changed between its pages.
 _EXPORT_ATTEMPTS = 3
 # How a JSON document whose last member is ``"nextOffset": null`` ends (written compactly, as the proxy
@@ -347,6 +350,23 @@ class Forwarder:
             _int_header(response, api.VERSION_HEADER),
             response.header(_RETRY_AFTER.encode()) if response.status in (429, 503) else None,
         )
+
+    async def reach(self, seconds: float) -> bool:
+        """Whether the proxy answers at all (any status: its readiness may say Valkey is down) within
+        ``seconds``. A new pod's first packets may be refused or dropped until the cluster's NetworkPolicy
+        agent admits its address (kube-router's sync takes seconds on a busy node), and a turn taken before
+        then would be answered without memory. Fail-open: False after ``seconds``, and the caller goes on."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._http.request("GET", api.PROXY_READY_PATH)
+                return True
+            except (OSError, TimeoutError):
+                if loop.time() + _REACH_RETRY_SECONDS >= deadline:
+                    return False
+                await asyncio.sleep(_REACH_RETRY_SECONDS)
 
     async def aclose(self) -> None:
         await self._http.aclose()

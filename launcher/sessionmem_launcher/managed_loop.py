@@ -92,6 +92,8 @@ class ManagedLoop:
         self._replay_query = ((api.LIMIT_PARAM, str(settings.replay_messages)), ("summary", "true"))
         # The one wait for the agent's port that readiness probes share (None: none under way).
         self._agent_wait: asyncio.Future[bool] | None = None
+        # The pod's one wait for the proxy to answer, started by its first readiness probe (None: not yet).
+        self._memory_reach: asyncio.Future[bool] | None = None
 
     async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
         await self._limits.serve(scope, proto, self._serve)
@@ -102,7 +104,7 @@ class ManagedLoop:
             respond(proto, 200, HEALTHY)
             return
         if scope.path == api.AGENT_READY_PATH and scope.method == "GET":
-            await self._agent_listening()
+            await self._ready()
             respond(proto, 200, READY)
             return
         capability = scope.headers.get(api.USER_CAPABILITY_HEADER)
@@ -112,6 +114,19 @@ class ManagedLoop:
             proto.response_bytes(status, headers, answer)
             return
         await self._turn(scope, proto, parse_conversation_id(conversation_id), body, capability)
+
+    async def _ready(self) -> None:
+        """Returns once the pod may take turns: its agent listens (``_agent_listening``), and, until the
+        pod's first ready answer, the proxy answers too, waited for beside the agent within the same
+        ``api.AGENT_READY_WAIT_SECONDS``. A pod's address may be refused for its first seconds (a
+        NetworkPolicy agent admitting it late), and a cold pod's first turn, held by Knative's activator
+        until this answer, would otherwise be answered without memory. Fail-open: a proxy that does not
+        answer in time never keeps the pod unready; its turns go on without memory, as when it goes away
+        later, and later probes do not wait for it again."""
+        if self._memory_reach is None:
+            self._memory_reach = asyncio.ensure_future(self._forwarder.reach(api.AGENT_READY_WAIT_SECONDS))
+        await self._agent_listening()
+        await asyncio.shield(self._memory_reach)
 
     async def _agent_listening(self) -> None:
         """Returns once the agent accepts a connection on its port, waiting up to

@@ -160,7 +160,7 @@ def test_the_autoscaler_scales_to_zero_and_a_cold_pod_behind_the_activator_recal
     answer = turn(endpoint, "e2e-cold", "What is my name?", traced, timeout=COLD_TURN_SECONDS)
     cold_seconds = time.monotonic() - started
 
-    assert answer.output == "Your name is Grace." and answer.memory == "ok"
+    assert (answer.output, answer.memory) == ("Your name is Grace.", "ok")
     # The cold pod's first memory read (its launcher's first memory.get) returned turn 1, and its span is
     # the caller's child through the ingress, the activator and queue-proxy.
     spans = otlp_receiver.memory_spans(trace_id, {(LAUNCHER_SPANS, "get"), (LAUNCHER_SPANS, "append")})

@@ -237,6 +237,73 @@ async def test_readiness_waits_for_an_agent_that_is_starting_instead_of_failing(
     assert answer.status_code == 200
 
 
+async def _relay(port: int, to_port: int) -> asyncio.Server:
+    """A TCP relay on ``port`` to ``to_port``: the proxy's address once the pod's is admitted."""
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", to_port)
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+
+    return await asyncio.start_server(relay, "127.0.0.1", port)
+
+
+async def test_a_pods_first_ready_answer_waits_for_the_proxy_so_its_first_turn_has_memory(
+    proxy_process: ServiceProcess, dev_token_file: Path, demo_agent: int
+) -> None:
+    """A new pod's connections may be refused for its first seconds (a NetworkPolicy agent such as
+    kube-router admits its address late): the first ready answer waits for the proxy to answer, so the turn
+    that waited for it (Knative's activator holds a cold pod's first turn until then) is taken with memory."""
+    proxy_port = free_port()  # refused until the relay listens there
+    settings = launcher_settings(f"http://127.0.0.1:{proxy_port}", dev_token_file, **{env.AGENT_PORT: str(demo_agent)})
+    instance = Launcher(settings, serve_host="127.0.0.1", serve=serve_in_background)
+    await instance.start()
+    relay: asyncio.Server | None = None
+    try:
+        async with httpx.AsyncClient(base_url=serve_url(instance), timeout=api.AGENT_READY_WAIT_SECONDS + 5) as client:
+            probe = asyncio.create_task(client.get(api.AGENT_READY_PATH))
+            await asyncio.sleep(0.5)
+            assert not probe.done(), "the pod said ready while the proxy refused it"
+            relay = await _relay(proxy_port, int(proxy_process.base_url.rsplit(":", 1)[1]))
+            ready = await probe
+            answer = await client.post(
+                "/", json={"input": "Hi, my name is Grace"}, headers={"X-Conversation-Id": "cold"}
+            )
+    finally:
+        if relay is not None:
+            relay.close()
+        await instance.stop()
+    assert ready.status_code == 200
+    assert answer.status_code == 200 and answer.headers[api.MEMORY_STATUS_HEADER] == "ok"
+
+
+async def test_a_proxy_that_never_answers_leaves_the_pod_ready_without_memory(
+    dev_token_file: Path, demo_agent: int
+) -> None:
+    """Fail-open: the first ready answer waits for the proxy only within the readiness wait; the pod then
+    takes turns, answered without memory."""
+    settings = launcher_settings(f"http://127.0.0.1:{free_port()}", dev_token_file, **{env.AGENT_PORT: str(demo_agent)})
+    instance = Launcher(settings, serve_host="127.0.0.1", serve=serve_in_background)
+    await instance.start()
+    try:
+        async with httpx.AsyncClient(base_url=serve_url(instance), timeout=api.AGENT_READY_WAIT_SECONDS + 5) as client:
+            first = await client.get(api.AGENT_READY_PATH)
+            answer = await client.post("/", json={"input": "hi"}, headers={"X-Conversation-Id": "no-memory"})
+    finally:
+        await instance.stop()
+    assert first.status_code == 200
+    assert answer.status_code == 200 and answer.headers[api.MEMORY_STATUS_HEADER] == "unavailable"
+
+
 async def test_spans_of_calls_the_launcher_refuses_itself_carry_the_scope(
     launcher: Launcher, span_exporter: InMemorySpanExporter
 ) -> None:
