@@ -35,6 +35,10 @@ SUMMARY_PARAM = "summary"
 IF_MATCH_HEADER = "if-match"
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 JSON_CONTENT_TYPE = "application/json"
+# The most matches one search answers (the contract's bound on its ``limit``).
+MAX_SEARCH_LIMIT: int = next(
+    p.schema["maximum"] for p in api.MEMORY_OPERATION["search"].params if p.name == api.LIMIT_PARAM
+)
 
 
 def default_base_url(environ: Mapping[str, str] | None = None) -> str:
