@@ -120,7 +120,7 @@ def per_user_proxy(valkey_server: ValkeyProcess, tmp_path: Path, capability_key:
 
 # What a test needs, as markers (`pytest -m "not kube"`, `-m valkey`, ...): read from the fixtures it uses
 # (pytest lists them transitively, so a proxy fixture brings its valkey-server) and from where it lives.
-_VALKEY_FIXTURES = frozenset({"valkey_server", "valkey", "chart_valkey"})
+_VALKEY_FIXTURES = frozenset({"valkey_server", "valkey", "chart_valkey", "memory_stack"})
 _KUBE_FIXTURES = frozenset({"kube_cluster", "kube_cluster_without_knative"})
 _VALKEY_SOURCES = ("ValkeyProcess(", "ValkeyCluster(")
 _FAULT_FOLDERS = ("faults", "adversarial")

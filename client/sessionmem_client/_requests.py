@@ -35,6 +35,10 @@ SUMMARY_PARAM = "summary"
 IF_MATCH_HEADER = "if-match"
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 JSON_CONTENT_TYPE = "application/json"
+# The most matches one search answers (the contract's bound on its ``limit``).
+MAX_SEARCH_LIMIT: int = next(
+    p.schema["maximum"] for p in api.MEMORY_OPERATION["search"].params if p.name == api.LIMIT_PARAM
+)
 
 
 def default_base_url(environ: Mapping[str, str] | None = None) -> str:
@@ -161,21 +165,33 @@ class Requests:
 
     @staticmethod
     def append(
-        conversation_id: str, entries: Iterable[EntryLike], traceparent: str | None
+        conversation_id: str, entries: Iterable[EntryLike], traceparent: str | None, if_version: int | None = None
     ) -> Request[wire.AppendResponse]:
         path = api.entries_path(_segment(conversation_id))
+        if_match = _if_match(if_version)
         try:
             body = wire.AppendRequest(entries=to_entries(entries))
         except ValidationError as exc:
             raise InvalidRequest(f"invalid append: {_problems(exc)}") from exc
-        identified = all(entry.id for entry in body.entries)
+        # Sent again on a dropped connection only when a second one stores nothing: its entries are
+        # identified, or it is conditional (a second one finds the version moved on).
+        identified = if_match is not None or all(entry.id for entry in body.entries)
         return Request(
-            "POST", path, wire.AppendResponse, body=_body(body), traceparent=traceparent, idempotent=identified
+            "POST",
+            path,
+            wire.AppendResponse,
+            body=_body(body),
+            if_match=if_match,
+            traceparent=traceparent,
+            idempotent=identified,
         )
 
     @staticmethod
     def append_batch(
-        conversation_id: str, entries: list[EntryFields], idempotency_key: str | None = None
+        conversation_id: str,
+        entries: list[EntryFields],
+        idempotency_key: str | None = None,
+        if_version: int | None = None,
     ) -> Request[wire.AppendResponse]:
         """:meth:`append` for the framework adapters, whose turn it is on: their entries are checked by the
         server, not here (the adapters make the role and the text themselves; the size limits are the
@@ -183,12 +199,14 @@ class Requests:
         batch is stored. Made in place, ``EntryIn`` models and the request model around them cost a share
         of a sequential agent's turn many times what they cost in a loop (docs/benchmarks.md)."""
         path = api.entries_path(_segment(conversation_id))
-        identified = idempotency_key is not None or all(entry.get("id") for entry in entries)
+        if_match = _if_match(if_version)
+        identified = idempotency_key is not None or if_match is not None or all(entry.get("id") for entry in entries)
         return Request(
             "POST",
             path,
             wire.AppendResponse,
             body=orjson.dumps({"entries": entries}),
+            if_match=if_match,
             idempotent=identified,
             idempotency_key=idempotency_key,
         )

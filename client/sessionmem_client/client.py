@@ -140,10 +140,14 @@ class MemoryClient(_Client[SyncTransport]):
         return decode_window(request, self._call(request))
 
     def _append_batch(
-        self, conversation_id: str, entries: list[EntryFields], idempotency_key: str | None = None
+        self,
+        conversation_id: str,
+        entries: list[EntryFields],
+        idempotency_key: str | None = None,
+        if_version: int | None = None,
     ) -> None:
         """:meth:`append` for the framework adapters: one batch, checked by the server, nothing returned."""
-        request = Requests.append_batch(conversation_id, entries, idempotency_key)
+        request = Requests.append_batch(conversation_id, entries, idempotency_key, if_version)
         check_stored(request, self._call(request))
 
     # --- one conversation ---
@@ -161,11 +165,18 @@ class MemoryClient(_Client[SyncTransport]):
         return self._send(Requests.read(conversation_id, limit, summary, traceparent))
 
     def append(
-        self, conversation_id: str, entries: Iterable[EntryLike], *, traceparent: str | None = None
+        self,
+        conversation_id: str,
+        entries: Iterable[EntryLike],
+        if_version: int | None = None,
+        *,
+        traceparent: str | None = None,
     ) -> wire.AppendResponse:
         """Append 1-64 entries as one atomic step (push, trim to the cap, refresh the TTL). A batch whose
-        first message id is already stored is a retry: nothing is stored, ``duplicate`` is true."""
-        return self._send(Requests.append(conversation_id, entries, traceparent))
+        first message id is already stored is a retry: nothing is stored, ``duplicate`` is true. With
+        ``if_version`` it is conditional (``If-Match``): :class:`~sessionmem_core.errors.VersionConflict`,
+        nothing stored, when the conversation is at another version (0: only where nothing is stored)."""
+        return self._send(Requests.append(conversation_id, entries, traceparent, if_version))
 
     def append_exchange(
         self,
@@ -342,9 +353,13 @@ class AsyncMemoryClient(_Client[AsyncTransport]):
         return decode_window(request, await self._call(request))
 
     async def _append_batch(
-        self, conversation_id: str, entries: list[EntryFields], idempotency_key: str | None = None
+        self,
+        conversation_id: str,
+        entries: list[EntryFields],
+        idempotency_key: str | None = None,
+        if_version: int | None = None,
     ) -> None:
-        request = Requests.append_batch(conversation_id, entries, idempotency_key)
+        request = Requests.append_batch(conversation_id, entries, idempotency_key, if_version)
         check_stored(request, await self._call(request))
 
     async def read(
@@ -358,9 +373,14 @@ class AsyncMemoryClient(_Client[AsyncTransport]):
         return await self._send(Requests.read(conversation_id, limit, summary, traceparent))
 
     async def append(
-        self, conversation_id: str, entries: Iterable[EntryLike], *, traceparent: str | None = None
+        self,
+        conversation_id: str,
+        entries: Iterable[EntryLike],
+        if_version: int | None = None,
+        *,
+        traceparent: str | None = None,
     ) -> wire.AppendResponse:
-        return await self._send(Requests.append(conversation_id, entries, traceparent))
+        return await self._send(Requests.append(conversation_id, entries, traceparent, if_version))
 
     async def append_exchange(
         self,

@@ -240,33 +240,51 @@ class SessionmemSessionService(BaseSessionService):
         """Store ``event`` (not a partial one) as one entry carrying the session's state after it; its
         ``user:`` and ``app:`` deltas merge into their conversations. A session copy that is behind the
         stored one (another writer appended since it was read) still appends: its delta merges into the
-        stored state, as ADK's in-memory service does."""
+        stored state, as ADK's in-memory service does. The stored state is read, merged and appended
+        conditional on the version read (``If-Match``): when another writer appended in between, the
+        read and the merge start over, so concurrent writers never drop each other's state."""
         if event.partial:
             return event
         conversation = session_conversation(session.app_name, session.user_id, session.id)
-        stored = _newest(await self.client._read_entries(conversation, 1))
+        stored, version = await self._newest_event(conversation)
         if stored is None:
             raise SessionNotFoundError(f"Session {session.id} not found.")
         await super().append_event(session=session, event=event)  # temp: state applied, then trimmed
         session.last_update_time = event.timestamp
         app_delta, user_delta, session_delta = _split(event.actions.state_delta if event.actions else None)
         event_json = event.model_dump(mode="json", exclude_none=True)
-        record = {
-            "app_name": session.app_name,
-            "user_id": session.user_id,
-            "id": session.id,
-            "state": {**stored["state"], **session_delta},
-            "last_update_time": event.timestamp,
-            "event": event_json,
-        }
         # The key is the event's content: a retried append of an equal event is stored once.
         key = "adk." + hashlib.sha256(orjson.dumps(event_json, option=orjson.OPT_SORT_KEYS)).hexdigest()
-        await self.client._append_batch(conversation, [_entry(ROLE_EVENT, record, _event_text(event))], key)
+        for _ in range(_MERGE_ATTEMPTS):
+            record = {
+                "app_name": session.app_name,
+                "user_id": session.user_id,
+                "id": session.id,
+                "state": {**stored["state"], **session_delta},
+                "last_update_time": event.timestamp,
+                "event": event_json,
+            }
+            entry = _entry(ROLE_EVENT, record, _event_text(event))
+            try:
+                await self.client._append_batch(conversation, [entry], key, if_version=version)
+                break
+            except VersionConflict:
+                stored, version = await self._newest_event(conversation)
+                if stored is None:
+                    raise SessionNotFoundError(f"Session {session.id} not found.") from None
+        else:
+            raise VersionConflict(f"session {session.id} kept moving: {_MERGE_ATTEMPTS} attempts lost")
         if app_delta:
             await self._merge(app_state_conversation(session.app_name), app_delta)
         if user_delta:
             await self._merge(user_state_conversation(session.app_name, session.user_id), user_delta)
         return event
+
+    async def _newest_event(self, conversation: str) -> tuple[dict[str, Any] | None, int]:
+        """The newest record or event of a session conversation (None when it holds none), and the
+        conversation's version, in one read."""
+        history = await self.client.read(conversation, limit=1)
+        return _newest([{"role": e.role, "item": e.item} for e in history.entries]), history.version
 
     # --- user: and app: state ---
 

@@ -17,6 +17,10 @@ every message (not a window) equal to what was added, tool traffic and empty mes
 
 Each ``add_messages`` call is one atomic append per 64 messages, sent with an ``Idempotency-Key`` of its
 own: the client's retries (of a 429 or a dropped connection) store it once, whatever the message ids.
+
+Beside ``BaseChatMessageHistory`` it answers what langchain-redis's ``RedisChatMessageHistory`` adds:
+``session_id``/``id``, ``search_messages`` (the conversation's keyword search), ``len()`` and ``delete``.
+Retention is the agent's (``spec.sessionMemory``'s TTL, refreshed on every write), not a history's.
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sessionmem_client._requests import EntryFields
+from sessionmem_client._requests import MAX_SEARCH_LIMIT, EntryFields
 from sessionmem_client.client import AsyncMemoryClient, MemoryClient
-from sessionmem_core import env
+from sessionmem_core import env, wire
 from sessionmem_core.keys import new_message_id, validate_conversation_id
 
 try:
@@ -41,6 +45,7 @@ try:
         message_to_dict,
         messages_from_dict,
     )
+    from langchain_core.runnables.config import run_in_executor
 except ImportError as exc:  # pragma: no cover - exercised only without langchain-core
     raise ImportError("sessionmem_client.langchain needs langchain-core: pip install langchain-core") from exc
 
@@ -99,6 +104,11 @@ def _batches(messages: Sequence[BaseMessage]) -> list[tuple[list[EntryFields], s
     return [(entries[i : i + size], f"{key}.{n}") for n, i in enumerate(range(0, len(entries), size))]
 
 
+def _found(answer: wire.SearchResponse) -> list[dict[str, Any]]:
+    """A search's matches as dicts: each entry's fields as the wire names them."""
+    return [entry.model_dump(mode="json", by_alias=True, exclude_none=True) for entry in answer.matches]
+
+
 class SessionmemChatMessageHistory(BaseChatMessageHistory):
     """The chat history of one conversation, stored by sessionmem.
 
@@ -125,6 +135,16 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
         self._client = client
         self._async_client = async_client
         self.window = window
+
+    @property
+    def session_id(self) -> str:
+        """The conversation id (the ``session_id`` ``RunnableWithMessageHistory`` passes its factory)."""
+        return self.conversation_id
+
+    @property
+    def id(self) -> str:
+        """The conversation id, as langchain-redis's history names it."""
+        return self.conversation_id
 
     def _sync(self) -> MemoryClient:
         if self._client is None:
@@ -176,6 +196,37 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
             await super().aclear()
             return
         await self._async_client.delete(self.conversation_id)
+
+    def delete(self) -> None:
+        """Erase the conversation: :meth:`clear`, under langchain-redis's name for it."""
+        self.clear()
+
+    def search_messages(self, query: str, limit: int = 10) -> list[dict[str, Any]]:
+        """The stored messages whose text holds ``query``'s words: the conversation's keyword search
+        (case-insensitive, entries with more of the words first, newest first on ties), at most ``limit``
+        of them (the server answers at most ``MAX_SEARCH_LIMIT``). Each is the entry's fields: ``content``
+        (the message's text), ``role``, ``item`` (its dict form: ``entry_to_message`` gives the message
+        back), ``id``, ``v``, ``ts``. An empty query or a ``limit`` below 1 finds nothing, without a call."""
+        if not query or limit < 1:
+            return []
+        return _found(self._sync().search(self.conversation_id, query, min(limit, MAX_SEARCH_LIMIT)))
+
+    async def asearch_messages(self, query: str, limit: int = 10) -> list[dict[str, Any]]:
+        """:meth:`search_messages` on the async client (the sync one in an executor without it)."""
+        if self._async_client is None:
+            return await run_in_executor(None, self.search_messages, query, limit)
+        if not query or limit < 1:
+            return []
+        return _found(await self._async_client.search(self.conversation_id, query, min(limit, MAX_SEARCH_LIMIT)))
+
+    def __len__(self) -> int:
+        """How many messages ``messages`` returns, from the conversation's entry count (nothing is read)."""
+        entries = self._sync().info(self.conversation_id).entries
+        return entries if self.window is None else min(entries, self.window)
+
+    def __bool__(self) -> bool:
+        """A history is true whatever it holds: ``if history:`` makes no call."""
+        return True
 
     def close(self) -> None:
         """Close the client this history made itself (clients passed in are the caller's to close)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
+from sessionmem_client._requests import MAX_SEARCH_LIMIT
 from sessionmem_client.client import AsyncMemoryClient, MemoryClient
 from sessionmem_core import wire
 from sessionmem_core.errors import BackendUnavailable
@@ -23,9 +24,6 @@ _LOG = logging.getLogger("sessionmem.client.retriever")
 
 #: ``(query, k) -> up to k passages``, best first.
 CorpusRetriever = Callable[[str, int], list[str]]
-
-# The proxy caps a search at this many matches.
-_MAX_SEARCH = 100
 
 
 def _key(text: str) -> str:
@@ -81,7 +79,7 @@ class MemoryAugmentedRetriever:
         if self.memory_weight <= 0 or not query.strip():
             return 0
         # Ask for more than the slots: hits that duplicate each other, or later fill corpus gaps.
-        return max(1, min(_MAX_SEARCH, top_k))
+        return max(1, min(MAX_SEARCH_LIMIT, top_k))
 
     def _unavailable(self, exc: BackendUnavailable) -> list[str]:
         """Memory could not be asked: the corpus alone answers, unless the retriever fails closed."""

@@ -270,10 +270,12 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
                 "header",
                 {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9._:-]+$"},
                 "A retry with the same key (inside the retry window) is answered as its original was: "
-                "duplicate, nothing stored, whatever the ids; entry ids may then repeat",
+                "duplicate, nothing stored, whatever the ids and If-Match; entry ids may then repeat",
             ),
+            _IF_MATCH,
         ),
         genai="update_memory",
+        answers=_VERSION_MISMATCH,
     ),
     MemoryOperation(
         "search",

@@ -33,6 +33,7 @@ from sessionmem_proxy.operations import (
     SearchParams,
     new_entries,
     operation,
+    parse_if_match,
 )
 from sessionmem_proxy.store import READ_ANSWER_BYTES, CatalogueRecord, SearchRanking, without_rewound_at, written_at
 
@@ -70,18 +71,9 @@ async def search(ctx: ProxyContext, p: SearchParams, _: BaseModel | None) -> Rep
         return memory_reply(body, op.scope, len(matches), version)
 
 
-def _parse_if_match(if_match: str | None) -> int | None:
-    if if_match is None or if_match.strip() in ("", "*"):
-        return None
-    value = if_match.strip().removeprefix("W/").strip('"')
-    if not (value.isascii() and value.isdigit()):
-        raise InvalidRequest("If-Match must be a version number, or '*'")
-    return int(value)
-
-
 async def replace(ctx: ProxyContext, p: ReplaceParams, body: BaseModel | None) -> Reply:
     assert isinstance(body, wire.ReplaceRequest)  # the route table validated it
-    expected = _parse_if_match(p.if_match)
+    expected = parse_if_match(p.if_match)
     async with operation(ctx, "replace", p) as op:
         _refuse_on_shared(op.scope)
         result = await ctx.store.replace(
@@ -109,7 +101,7 @@ def _refuse_on_shared(scope: str) -> None:
 
 
 async def delete(ctx: ProxyContext, p: ConditionalParams, _: BaseModel | None) -> Reply:
-    expected = _parse_if_match(p.if_match)
+    expected = parse_if_match(p.if_match)
     async with operation(ctx, "delete", p) as op:
         _refuse_on_shared(op.scope)
         removed = await ctx.store.delete(op.key, expected)
@@ -119,7 +111,7 @@ async def delete(ctx: ProxyContext, p: ConditionalParams, _: BaseModel | None) -
 
 
 async def pop(ctx: ProxyContext, p: ConditionalParams, _: BaseModel | None) -> Reply:
-    expected = _parse_if_match(p.if_match)
+    expected = parse_if_match(p.if_match)
     async with operation(ctx, "pop", p) as op:
         _refuse_on_shared(op.scope)
         result = await ctx.store.pop(op.key, expected)
@@ -135,7 +127,7 @@ async def pop(ctx: ProxyContext, p: ConditionalParams, _: BaseModel | None) -> R
 
 async def rewind(ctx: ProxyContext, p: ConditionalParams, body: BaseModel | None) -> Reply:
     assert isinstance(body, wire.RewindRequest)  # the route table validated it
-    expected = _parse_if_match(p.if_match)
+    expected = parse_if_match(p.if_match)
     async with operation(ctx, "rewind", p) as op:
         _refuse_on_shared(op.scope)
         result = await ctx.store.rewind(op.key, body.to_version, expected)

@@ -202,6 +202,19 @@ AUTHORIZATION = header("authorization", "authorization", "Bearer token of the ca
 CAPABILITY = header("capability", api.USER_CAPABILITY_HEADER, "The end user's signed run capability (perUser)")
 TRACEPARENT = header("traceparent", api.TRACEPARENT_HEADER, documented=False)
 IF_MATCH = from_contract("replace", api.IF_MATCH_HEADER, "if_match")
+
+
+def parse_if_match(if_match: str | None) -> int | None:
+    """The version a conditional write expects (``If-Match``: a version as a read reports it, bare or
+    quoted as an entity tag), or None for any (absent, empty or ``*``)."""
+    if if_match is None or if_match.strip() in ("", "*"):
+        return None
+    value = if_match.strip().removeprefix("W/").strip('"')
+    if not (value.isascii() and value.isdigit()):
+        raise InvalidRequest("If-Match must be a version number, or '*'")
+    return int(value)
+
+
 IDEMPOTENCY_KEY = from_contract("append", api.IDEMPOTENCY_KEY_HEADER, "idempotency_key")
 
 CALLER = (AUTHORIZATION, TRACEPARENT)
@@ -353,11 +366,12 @@ class ReadParams(ConversationParams):
 @declared
 @dataclass(slots=True)
 class AppendParams(ConversationParams):
-    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, *WRITE, IDEMPOTENCY_KEY)
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, *WRITE, IDEMPOTENCY_KEY, IF_MATCH)
     cap: int
     ttl_seconds: int
     redact: str
     idempotency_key: str | None
+    if_match: str | None
 
 
 @declared
@@ -584,6 +598,7 @@ async def read_entries(ctx: ProxyContext, p: ReadParams, _: BaseModel | None) ->
 
 async def append_entries(ctx: ProxyContext, p: AppendParams, body: BaseModel | None) -> Reply:
     assert isinstance(body, wire.AppendRequest)  # the route table validated it
+    expected = None if p.if_match is None else parse_if_match(p.if_match)
     async with operation(ctx, "append", p) as op:
         result = await ctx.store.append(
             op.key,
@@ -593,6 +608,7 @@ async def append_entries(ctx: ProxyContext, p: AppendParams, body: BaseModel | N
             ttl_seconds=p.ttl_seconds,
             quota=op.limits,
             idempotency_key=p.idempotency_key,
+            expected_version=expected,
         )
         op.span.entries, op.span.version = result.stored, result.version
         duplicate = b"true" if result.duplicate else b"false"

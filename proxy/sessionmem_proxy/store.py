@@ -87,17 +87,20 @@ end
 """
 
 # append(key, a): ARGV from ``a`` on holds cap, ttl, window entries, window bytes, chunk, the append's
-# idempotency key ('' for none), then (id, client?, rest) triples, client? '1' when the id came from the
-# client and identifies a retry (a minted id cannot be a retry; with an idempotency key ids may repeat).
-# With a key, an append whose key is stored in the retry window (on the first entry of its original) is
-# a retry, answered with its original's version and nothing stored. Without one, each entry is judged on
-# its own: an id already stored in the retry window, or earlier in the same batch, is skipped; the rest
-# are stored. Answers {version, stored, length, duplicate ids, bytes added (net of what the cap trimmed),
-# 1 when the conversation was new}.
+# idempotency key ('' for none), the expected version ('*' for any), then (id, client?, rest) triples,
+# client? '1' when the id came from the client and identifies a retry (a minted id cannot be a retry;
+# with an idempotency key ids may repeat). With a key, an append whose key is stored in the retry window
+# (on the first entry of its original) is a retry, answered with its original's version and nothing
+# stored, whatever the expected version (the original was the write it expected). Otherwise an append
+# expecting another version than the conversation's stores nothing: {-1, current version, length}.
+# Without a key, each entry is judged on its own: an id already stored in the retry window, or earlier in
+# the same batch, is skipped; the rest are stored. Answers {version, stored, length, duplicate ids, bytes
+# added (net of what the cap trimmed), 1 when the conversation was new}.
 _APPEND_FUNCTION = """
 local function append(key, a)
   local cap, ttl, window = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local window_bytes, max_chunk, idem, first = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5], a + 6
+  local window_bytes, max_chunk, idem = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5]
+  local expected, first = ARGV[a + 6], a + 7
   local tail = redis.call('LINDEX', key, -1)
   local v = 0
   if tail then v = version_of(tail) end
@@ -147,6 +150,9 @@ local function append(key, a)
     local ids = {}
     for i = first, #ARGV, 3 do ids[#ids + 1] = ARGV[i] end
     return {original, 0, redis.call('LLEN', key), ids, 0, 0}
+  end
+  if expected ~= '*' and tonumber(expected) ~= v then
+    return {-1, v, redis.call('LLEN', key), {}, 0, 0}
   end
   local batch, duplicates, taken = {}, {}, {}
   local added = 0
@@ -889,11 +895,12 @@ def append_args(
     ttl_seconds: int,
     idempotency_key: str | None = None,
     seal: Seal | None = None,
+    expected_version: int | None = None,
 ) -> list[Any]:
     """ARGV of the append script (``APPEND_SCRIPT``) for one batch: what every append sends, and what
     the benchmark's Valkey ceiling sends to measure the same server-side step without the proxy. With
     ``idempotency_key`` (validated: it is written into stored JSON as it is) the key alone identifies a
-    retry, and ids are not de-duplicated."""
+    retry, and ids are not de-duplicated; with ``expected_version`` the append is conditional on it."""
     return [
         cap,
         ttl_seconds,
@@ -901,6 +908,7 @@ def append_args(
         RETRY_WINDOW_BYTES,
         RETRY_CHUNK_ENTRIES,
         idempotency_key or "",
+        "*" if expected_version is None else expected_version,
         *_entry_args(entries, author, _now_ms(), True, idempotency_key is None, seal),
     ]
 
@@ -944,14 +952,19 @@ class ConversationStore:
         ttl_seconds: int,
         quota: StorageQuota | None = None,
         idempotency_key: str | None = None,
+        expected_version: int | None = None,
     ) -> AppendResult:
         """``quota``: the writer's storage limits, which a store that accounts its writes needs (``_write``);
-        ``idempotency_key``: the append's, which then alone identifies a retry."""
+        ``idempotency_key``: the append's, which then alone identifies a retry; ``expected_version``: the
+        version the append is conditional on (VersionConflict, nothing stored, when it is not the
+        conversation's; a retry of an append stored already is answered as a retry first)."""
         # Without sealing, no coroutine more on the hot path.
         seal = None if self.sealer is None else await self._seal(key)
-        args = append_args(entries, author, cap, ttl_seconds, idempotency_key, seal)
+        args = append_args(entries, author, cap, ttl_seconds, idempotency_key, seal, expected_version)
         reply = await self._write(self._append, key, args, quota)
         version, stored, length, duplicates, added, created = reply
+        if int(version) < 0:
+            raise VersionConflict(f"conversation is at version {stored}, not {expected_version}")
         if self.ledger is not None and not self._counted and int(stored):
             size, ledger = int(added), self.ledger
             await self._account(

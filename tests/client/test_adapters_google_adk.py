@@ -5,7 +5,7 @@ holds, never a way into another end user's bucket; past the stored cap, a sessio
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from google.adk.events.event_actions import EventActions
 from opentelemetry.sdk.trace import TracerProvider
 
 from sessionmem_client import AsyncMemoryClient, TurnNotLive, UserCapabilityRequired
+from sessionmem_client._requests import EntryFields
 from sessionmem_client.google_adk import SessionmemSessionService
 from sessionmem_core import env
 from sessionmem_core.capability import mint_capability
@@ -137,3 +138,44 @@ async def test_an_equal_event_appended_again_is_stored_once(launcher: Launcher) 
         stored = await service.get_session(app_name="shop", user_id="ada", session_id=session.id)
     assert stored is not None
     assert [e.id for e in stored.events] == [event.id, session.events[-1].id]
+
+
+class AppendsAfter(AsyncMemoryClient):
+    """A real client whose first append is sent only after ``before`` ran: another writer's whole
+    ``append_event`` lands between this writer's read of the session and its write."""
+
+    def __init__(self, base_url: str, before: Callable[[], Awaitable[object]]) -> None:
+        super().__init__(base_url)
+        self._before: Callable[[], Awaitable[object]] | None = before
+
+    async def _append_batch(
+        self,
+        conversation_id: str,
+        entries: list[EntryFields],
+        idempotency_key: str | None = None,
+        if_version: int | None = None,
+    ) -> None:
+        before, self._before = self._before, None
+        if before is not None:
+            await before()
+        await super()._append_batch(conversation_id, entries, idempotency_key, if_version)
+
+
+async def test_two_writers_of_one_session_keep_each_others_state(launcher: Launcher) -> None:
+    """Each writer reads the stored state, merges its delta and appends conditional on what it read: the
+    writer that lost the race reads again, so neither delta is dropped (each event's entry carries the
+    whole session state, and the newest one answers it)."""
+    async with AsyncMemoryClient(memory_url(launcher)) as memory:
+        other = SessionmemSessionService(memory)
+        mine = await other.create_session(app_name="shop", user_id="ada", session_id="s", state={"seen": 1})
+        theirs = await other.get_session(app_name="shop", user_id="ada", session_id="s")
+        assert theirs is not None
+
+        async with AppendsAfter(
+            memory_url(launcher), lambda: other.append_event(theirs, state_event({"cart": 3}))
+        ) as racing:
+            await SessionmemSessionService(racing).append_event(mine, state_event({"coupon": "SAVE"}))
+        stored = await other.get_session(app_name="shop", user_id="ada", session_id="s")
+    assert stored is not None
+    assert stored.state == {"seen": 1, "cart": 3, "coupon": "SAVE"}
+    assert [e.actions.state_delta for e in stored.events] == [{"cart": 3}, {"coupon": "SAVE"}]

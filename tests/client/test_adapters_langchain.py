@@ -229,6 +229,30 @@ async def test_async_methods_fall_back_to_the_sync_client(launcher: Launcher, va
         await asyncio.to_thread(memory.close)
 
 
+async def test_search_len_and_delete_as_langchain_redis_names_them(launcher: Launcher) -> None:
+    """Beyond langchain-redis's own tests (tests/client/frameworks), which run the sync methods: the async
+    search and its fallback, ``len`` under a window, and a match's item giving the message back."""
+    cid = new_conversation_id()
+    turn: list[BaseMessage] = [HumanMessage("Where is my Order?"), ToolMessage("order 66 ships", tool_call_id="c1")]
+    sync = MemoryClient(memory_url(launcher))
+    try:
+        async with AsyncMemoryClient(memory_url(launcher)) as memory:
+            history = SessionmemChatMessageHistory(cid, async_client=memory)
+            assert (history.session_id, history.id, bool(history)) == (cid, cid, True)
+            await history.aadd_messages(turn)
+            found = await history.asearch_messages("ORDER ships", limit=1000)
+            assert [entry_to_message(match) for match in found] == [turn[1], turn[0]], "more words first"
+            assert [m["content"] for m in await history.asearch_messages("order", limit=1)] == ["order 66 ships"]
+            assert await history.asearch_messages("") == [] and await history.asearch_messages("order", 0) == []
+            fallback = SessionmemChatMessageHistory(cid, sync, window=1)
+            assert await fallback.asearch_messages("where") == found[1:]
+            assert await asyncio.to_thread(len, fallback) == 1, "what messages returns under the window"
+            await asyncio.to_thread(fallback.delete)
+            assert await history.aget_messages() == [] and await asyncio.to_thread(len, fallback) == 0
+    finally:
+        await asyncio.to_thread(sync.close)
+
+
 async def test_a_message_too_large_to_store_is_a_typed_error_and_nothing_of_the_batch_is_stored(
     launcher: Launcher, valkey_server: ValkeyProcess
 ) -> None:

@@ -268,6 +268,29 @@ async def test_a_stale_replace_is_a_version_conflict(launcher: Launcher, valkey_
     assert len(stored(valkey_server, cid)) == 4
 
 
+async def test_a_stale_append_is_a_version_conflict(launcher: Launcher, valkey_server: ValkeyProcess) -> None:
+    cid = new_conversation_id()
+    async with AsyncMemoryClient(memory_url(launcher)) as memory:
+        created = await memory.append(cid, [{"role": "user", "content": "a"}], if_version=0)
+        with pytest.raises(VersionConflict) as raised:
+            await memory.append(cid, [{"role": "user", "content": "stale"}], if_version=0)
+        assert raised.value.status == 412 and raised.value.error_type == "version_conflict"
+        with pytest.raises(VersionConflict):
+            await memory._append_batch(cid, [{"role": "user", "content": "stale"}], "k1", if_version=0)
+        await memory._append_batch(cid, [{"role": "user", "content": "b"}], "k2", if_version=created.version)
+
+    def sync_appends() -> None:
+        with MemoryClient(memory_url(launcher)) as sync_memory:
+            with pytest.raises(VersionConflict):
+                sync_memory.append(cid, [{"role": "user", "content": "stale"}], if_version=created.version)
+            sync_memory.append(cid, [{"role": "user", "content": "c"}], if_version=created.version + 1)
+            with pytest.raises(InvalidRequest):
+                sync_memory.append(cid, [{"role": "user", "content": "x"}], if_version=-1)
+
+    await in_thread(sync_appends)
+    assert [e["content"] for e in stored(valkey_server, cid)] == ["a", "b", "c"]
+
+
 async def test_server_errors_come_back_typed(launcher: Launcher, proxy_process: ServiceProcess) -> None:
     cid = new_conversation_id()
     big = [{"role": "user", "content": "x" * env.MAX_CONTENT_CHARS} for _ in range(5)]  # > 1 MiB body

@@ -387,3 +387,16 @@ async def test_the_conversation_operations_pass_through_the_launcher(launcher: L
     assert compacted.json() == {"version": 5, "scope": "session"}, compacted.text
     assert titled.json()["title"] == "greetings", titled.text
     assert [c["conversationId"] for c in listed] == ["ops-branch", "ops"]
+
+
+async def test_a_conditional_append_passes_through_the_launcher(launcher: Launcher) -> None:
+    """If-Match on an append reaches the proxy: a stale version is its 412, the current one stores."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as client:
+        first = await client.post("/v1/conversations/cond/entries", json=exchange("t1"), headers={"If-Match": "0"})
+        stale = await client.post("/v1/conversations/cond/entries", json=exchange("t2"), headers={"If-Match": "0"})
+        current = await client.post("/v1/conversations/cond/entries", json=exchange("t2"), headers={"If-Match": "1"})
+        read = (await client.get("/v1/conversations/cond/entries")).json()
+    assert first.json()["version"] == 1, first.text
+    assert stale.status_code == 412 and from_wire(stale.status_code, stale.content).error_type == "version_conflict"
+    assert current.json()["version"] == 2, current.text
+    assert [e["id"] for e in read["entries"]] == ["t1-u", "t1-a", "t2-u", "t2-a"]

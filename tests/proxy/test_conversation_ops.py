@@ -110,6 +110,56 @@ async def test_a_popped_item_comes_back_as_it_was_stored(client: httpx.AsyncClie
     assert orjson.dumps(popped["entry"]["item"]) == orjson.dumps(item)
 
 
+async def _conditional_append(
+    client: httpx.AsyncClient, conversation: str, content: str, if_match: str, key: str | None = None
+) -> httpx.Response:
+    headers = {"If-Match": if_match, **({"Idempotency-Key": key} if key else {})}
+    body = {"entries": [{"role": "user", "content": content}]}
+    return await client.post(f"/v1/conversations/{conversation}/entries", json=body, headers=headers)
+
+
+async def test_an_append_is_conditional_on_the_version(client: httpx.AsyncClient, valkey_server: ValkeyProcess) -> None:
+    created = await _conditional_append(client, "ca", "a", "0")  # only where nothing is stored yet
+    assert (created.status_code, created.json()["version"]) == (200, 1), created.text
+    again = await _conditional_append(client, "ca", "b", "0")
+    assert again.status_code == 412 and again.json()["error"]["type"] == "version_conflict"
+    assert (await _conditional_append(client, "ca", "c", '"1"')).json()["version"] == 2  # an entity tag's form
+    stale = await _conditional_append(client, "ca", "d", "1")
+    assert stale.status_code == 412, stale.text
+    assert (await _conditional_append(client, "ca", "e", "*")).json()["version"] == 3
+    assert (await _conditional_append(client, "ca", "f", "three")).status_code == 400
+    # A pop moves the version on without an entry of its own: the version it answers is the one to expect.
+    popped = (await client.post("/v1/conversations/ca/pop")).json()
+    assert (await _conditional_append(client, "ca", "g", "3")).status_code == 412
+    assert (await _conditional_append(client, "ca", "g", str(popped["version"]))).json()["version"] == 5
+    history = (await client.get("/v1/conversations/ca/entries?limit=500")).json()
+    assert [(e["content"], e["v"]) for e in history["entries"]] == [("a", 1), ("c", 2), ("g", 5)]
+    counted, held = _stored_total(valkey_server)
+    assert counted == held, "a refused append counts nothing"
+
+
+async def test_a_retried_conditional_append_is_answered_as_its_original(client: httpx.AsyncClient) -> None:
+    """Its Idempotency-Key is judged first: the retry of an append that was stored finds the version it
+    expected gone (its own write moved it), and is still answered as the original was."""
+    first = await _conditional_append(client, "retry", "a", "0", key="turn-1")
+    retry = await _conditional_append(client, "retry", "a", "0", key="turn-1")
+    other = await _conditional_append(client, "retry", "b", "0", key="turn-2")
+    assert (first.json()["duplicate"], first.json()["version"]) == (False, 1)
+    assert (retry.status_code, retry.json()["duplicate"], retry.json()["version"]) == (200, True, 1)
+    assert other.status_code == 412
+    assert (await _ids(client, "retry"))[0] == 1
+
+
+async def test_concurrent_appends_with_one_if_match_store_exactly_one(client: httpx.AsyncClient) -> None:
+    version = await _append(client, "writers", "seed")
+    answers = await asyncio.gather(*(_conditional_append(client, "writers", f"w{i}", str(version)) for i in range(16)))
+    assert sorted(a.status_code for a in answers) == [200] + [412] * 15
+    (winner,) = [n for n, a in enumerate(answers) if a.status_code == 200]
+    history = (await client.get("/v1/conversations/writers/entries?limit=500")).json()
+    assert history["version"] == version + 1
+    assert [e["content"] for e in history["entries"]] == ["seed", f"w{winner}"]
+
+
 async def test_delete_is_conditional_on_the_version(client: httpx.AsyncClient) -> None:
     await _append(client, "del", "a")
     refused = await client.delete("/v1/conversations/del", headers={"If-Match": "7"})

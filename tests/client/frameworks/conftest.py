@@ -30,7 +30,14 @@ class MemoryStack:
 
 
 @pytest.fixture(scope="module")
-def memory_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemoryStack]:
+def agent_settings() -> dict[str, str]:
+    """The launcher's settings beyond the seed's defaults (what an AgentDeployment's ``spec.sessionMemory``
+    sets): none, unless a suite's module overrides this fixture."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def memory_stack(tmp_path_factory: pytest.TempPathFactory, agent_settings: dict[str, str]) -> Iterator[MemoryStack]:
     valkey = ValkeyProcess()
     valkey.start()
     proxy = dev_proxy(
@@ -56,6 +63,7 @@ def memory_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemorySta
             env.LAUNCHER_PORT: str(memory_port),
             env.SERVE_PORT: str(free_port()),
             env.AGENT_PORT: str(free_port()),
+            **agent_settings,
         },
         memory_port,
     )

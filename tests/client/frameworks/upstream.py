@@ -5,10 +5,11 @@ per user and extracted; its test modules are then executed as they are, each as 
 caller rebinds the one name that is the test's fixture (the session class the bodies construct) before
 pytest collects them. The bodies are never edited, so what passes is the framework's own test.
 
-A framework whose releases ship no tests (Google ADK: neither its wheel nor its sdist has them) has its
-test file kept under ``vendored/`` as upstream wrote it, with upstream's license header, and checked
-against the hash pinned here before it is copied into the cache and run (``VendoredFile``): a package
-index is all a CI machine reaches, and only a release's own files could be fetched from one.
+A framework whose releases ship no tests (Google ADK and langchain-redis: neither their wheels nor their
+sdists have them) has its test files kept under ``vendored/`` as upstream wrote them, with upstream's
+license, and checked against the hash pinned here before each is copied into the cache and run
+(``VendoredFile``): a package index is all a CI machine reaches, and only a release's own files could be
+fetched from one.
 """
 
 from __future__ import annotations
@@ -80,6 +81,27 @@ ADK_SESSION_SERVICE_TESTS = VendoredFile(
     "google/adk-python@0c1061401608dbbad00a29d89cc3bade2414281e:tests/unittests/sessions/test_session_service.py",
     "adk-python/test_session_service.py.txt",
     "9e360d0687ed192fe83bececd6b6fc0368d500e8a6cf781ef55e6856a4949743",
+)
+
+
+# langchain-ai/langchain-redis's tests of RedisChatMessageHistory at commit 8d89e5687691 (MIT,
+# vendored/langchain-redis/LICENSE): the newest commit reachable; the 0.2.6 release has no tag there. Its
+# files differ from the v0.2.5 tag's only in formatting; langchain-redis 0.2.6 passes them (the control).
+_LANGCHAIN_REDIS = "langchain-ai/langchain-redis@8d89e568769165b9269c984a24cdba2c8e997fa2:libs/redis/tests"
+LANGCHAIN_REDIS_HISTORY_TESTS = VendoredFile(
+    f"{_LANGCHAIN_REDIS}/integration_tests/test_chat_message_history.py",
+    "langchain-redis/integration_tests/test_chat_message_history.py.txt",
+    "aecae98c6e970a9bc55b6c65be879dee76997b00bcbe4c0ff699f0b3e94bb7aa",
+)
+LANGCHAIN_REDIS_HISTORY_UNIT_TESTS = VendoredFile(
+    f"{_LANGCHAIN_REDIS}/unit_tests/test_chat_message_history.py",
+    "langchain-redis/unit_tests/test_chat_message_history.py.txt",
+    "21c14a7728bffb93d6f8c58247b8e8779563e08700259f31ea956ebc613dd12b",
+)
+LANGCHAIN_REDIS_TOOL_MESSAGE_TESTS = VendoredFile(
+    f"{_LANGCHAIN_REDIS}/unit_tests/test_tool_message_issue_51.py",
+    "langchain-redis/unit_tests/test_tool_message_issue_51.py.txt",
+    "cc4660924ac32bf92a6c14e31af3906735791c8643882479bdd08dcfabb718de",
 )
 
 
