@@ -69,7 +69,9 @@ _CLEAR_STAMPS = rb'(?:,"rewoundAt":\d+)?(?:,"idempotencyKey":"[^"]*")?'
 _SEALED_MARK = b',"sealed":"'
 _MARK_OFFSET = len(_SEALED_MARK) - 1  # from the sealed part's mark to the quote that opens its base64
 _OPENED = re.compile(rb'^(\{"id":"([^"]*)","v":\d+' + _CLEAR_STAMPS + rb"),(.*)$", re.S)
-# A reader that meets a DEK id other than the cached one asks the store again, at most this often per unit.
+# A reader that meets a DEK id other than the cached one asks the store again, at most this often per unit
+# (counted from the last time such a meeting asked it, not from the fetch: a key cached a moment before the
+# unit's key changed is asked again at once).
 _REFRESH_FLOOR_SECONDS = 1.0
 DEFAULT_CACHE_SECONDS = 30.0
 DEFAULT_CACHE_UNITS = 10_000
@@ -115,6 +117,7 @@ class _Opened:
 class _Cached:
     key: DataKey | None  # None: the unit has no DEK (never sealed anything, or erased)
     fetched: float
+    refreshed: float  # when a reader that met another DEK id last asked the store (``_refreshed``)
 
 
 def _entry_context_prefix(conversation_key: str) -> bytes:
@@ -158,19 +161,20 @@ class Sealer:
         self._opened_bytes = 0
         self._opened_max = opened_bytes
 
-    def _remember(self, unit: str, key: DataKey | None) -> DataKey | None:
-        self._cache[unit] = _Cached(key, self._clock())
+    def _remember(self, unit: str, key: DataKey | None, refreshed: bool = False) -> DataKey | None:
+        now = self._clock()
+        self._cache[unit] = _Cached(key, now, now if refreshed else float("-inf"))
         self._cache.move_to_end(unit)
         while len(self._cache) > self._max:
             self._cache.popitem(last=False)
         return key
 
-    async def _fetch(self, unit: str) -> DataKey | None:
+    async def _fetch(self, unit: str, refreshed: bool = False) -> DataKey | None:
         record = await self.keys.load(unit)
         if record is None:
-            return self._remember(unit, None)
+            return self._remember(unit, None, refreshed)
         dek = await self.wrapper.unwrap(record)
-        return self._remember(unit, DataKey(unit, _FORMAT + bytes.fromhex(record.dek_id), AESGCM(dek)))
+        return self._remember(unit, DataKey(unit, _FORMAT + bytes.fromhex(record.dek_id), AESGCM(dek)), refreshed)
 
     async def _current(self, unit: str) -> DataKey | None:
         cached = self._cache.get(unit)
@@ -361,9 +365,9 @@ class Sealer:
         """The unit's DEK asked of the store again (another replica may have made a new one since this one
         cached it), unless it was asked within the refresh floor."""
         cached = self._cache.get(unit)
-        if cached is not None and self._clock() - cached.fetched < _REFRESH_FLOOR_SECONDS:
+        if cached is not None and self._clock() - cached.refreshed < _REFRESH_FLOOR_SECONDS:
             return key
-        return await self._fetch(unit)
+        return await self._fetch(unit, refreshed=True)
 
     async def erase(self, unit: str) -> list[str]:
         """Destroy the DEK of ``unit`` (of every unit of an agent's or registry's space, when ``unit`` is

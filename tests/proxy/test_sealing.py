@@ -125,6 +125,33 @@ def test_a_reread_answers_what_opening_does_and_never_outlives_the_key(tmp_path:
     asyncio.run(scenario())
 
 
+def test_a_replica_opens_an_entry_sealed_with_a_key_newer_than_it_cached_a_moment_ago(tmp_path: Path) -> None:
+    """The store is asked again at once when a read meets a DEK id other than the cached one (a fork copies
+    what its read answered: an entry left out there would be lost from the copy), and then at most once
+    per second."""
+
+    async def scenario() -> None:
+        store = DirectoryDataKeyStore(tmp_path / "deks")
+        keyring = _keyring(tmp_path / "kek", "k1")
+        now = [100.0]
+        replica = Sealer(keyring, store, clock=lambda: now[0])
+        other = Sealer(keyring, store)
+        await _sealed(replica, KEY, "m1", "before")  # the replica caches the unit's key
+        await other.erase(unit_of(KEY))
+        new = await _sealed(other, KEY, "m2", "after")  # under the unit's new key
+        now[0] += 0.1
+        assert [orjson.loads(raw)["content"] for raw in await replica.open(KEY, [new])] == ["after"]
+        # Within the second after that, an entry of a key the store no longer holds does not ask again.
+        await other.erase(unit_of(KEY))
+        newest = await _sealed(other, KEY, "m3", "newest")
+        now[0] += 0.5
+        assert await replica.open(KEY, [newest]) == []
+        now[0] += 0.6
+        assert [orjson.loads(raw)["content"] for raw in await replica.open(KEY, [newest])] == ["newest"]
+
+    asyncio.run(scenario())
+
+
 def test_what_a_replica_keeps_of_opened_entries_is_bounded(tmp_path: Path) -> None:
     async def scenario() -> None:
         store = DirectoryDataKeyStore(tmp_path / "deks")
