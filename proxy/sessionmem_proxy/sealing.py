@@ -16,10 +16,12 @@ search, redaction (which runs before sealing), token budgets and summaries work 
 stored before sealing was turned on (no ``sealed`` field) is read as it is.
 
 Erasure destroys the unit's DEK. Each replica caches unwrapped DEKs for ``cache_seconds`` (bounded in
-number): a replica that still holds an erased unit's DEK seals at most that long with it, and what it
-seals then is unreadable like everything else the DEK sealed, because the key is gone from the store. An
-entry whose DEK is not the unit's current one is such an erased entry: reads leave it out. A write after
-the erasure makes a new DEK (a new id), so nothing written afterwards depends on the destroyed one.
+number), so a replica may still hold an erased unit's DEK after the erasure. It never stores with it: every
+write that seals names the DEK it sealed with, and Valkey refuses it, in the write's own step, when that
+DEK is no longer the one the unit writes with (``store``: the unit's data key mark, which the erasure moves
+on before and after destroying the key). The writer then asks the store for the unit's current DEK
+(``writing_key(..., fresh=True)``: a new one, made now, after an erasure), seals again and retries. An
+entry whose DEK is not the unit's current one is an erased entry: reads leave it out.
 
 An agent reads the same window every turn, two entries moved on, so each replica remembers the entries
 its reads opened, per conversation, for as long as their unit's DEK is the current one (``_Opened``):
@@ -90,6 +92,7 @@ class DataKey:
     unit: str
     header: bytes  # format byte + DEK id
     aead: AESGCM
+    dek_id: str  # the DEK id as its record and the unit's data key mark name it (hex)
 
 
 @dataclass(slots=True)
@@ -174,7 +177,7 @@ class Sealer:
         if record is None:
             return self._remember(unit, None, refreshed)
         dek = await self.wrapper.unwrap(record)
-        return self._remember(unit, DataKey(unit, _FORMAT + bytes.fromhex(record.dek_id), AESGCM(dek)), refreshed)
+        return self._remember(unit, _data_key(unit, record.dek_id, dek), refreshed)
 
     async def _current(self, unit: str) -> DataKey | None:
         cached = self._cache.get(unit)
@@ -182,17 +185,18 @@ class Sealer:
             return cached.key
         return await self._fetch(unit)
 
-    async def writing_key(self, conversation_key: str) -> DataKey:
-        """The DEK new entries of this conversation are sealed with; the unit's first write makes it."""
+    async def writing_key(self, conversation_key: str, fresh: bool = False) -> DataKey:
+        """The DEK new entries of this conversation are sealed with; the unit's first write makes it.
+        ``fresh``: asked of the store now, not taken from the cache (the store refused the cached one)."""
         unit = data_key_unit(conversation_key)
-        key = await self._current(unit)
+        key = await self._fetch(unit) if fresh else await self._current(unit)
         if key is not None:
             return key
         record, dek = await new_data_key(self.wrapper, unit)
         stored = await self.keys.create(record)
         if stored.dek_id != record.dek_id:  # another replica made the unit's key first: use theirs
             dek = await self.wrapper.unwrap(stored)
-        made = DataKey(unit, _FORMAT + bytes.fromhex(stored.dek_id), AESGCM(dek))
+        made = _data_key(unit, stored.dek_id, dek)
         self._remember(unit, made)
         return made
 
@@ -329,10 +333,10 @@ class Sealer:
         if memo is not None:
             self._opened_bytes -= memo.size
 
-    async def seal_field(self, conversation_key: str, name: str, text: str) -> str:
+    @staticmethod
+    def seal_field(key: DataKey, conversation_key: str, name: str, text: str) -> str:
         """A conversation's catalogue text (its title, its labels as JSON) as stored: sealed like its
-        entries, under the same data key, bound to the conversation and the field's name."""
-        key = await self.writing_key(conversation_key)
+        entries, under the same data key (``writing_key``), bound to the conversation and the field's name."""
         nonce = os.urandom(NONCE_BYTES)
         sealed = key.aead.encrypt(nonce, text.encode(), field_context(conversation_key, name, key.header))
         return _FIELD_PREFIX + base64.b64encode(key.header + nonce + sealed).decode()
@@ -383,6 +387,10 @@ class Sealer:
             if memo.unit == unit or (whole_space and data_key_space(memo.unit) == space):
                 self._forget_opened(conversation_key)
         return destroyed
+
+
+def _data_key(unit: str, dek_id: str, dek: bytes) -> DataKey:
+    return DataKey(unit, _FORMAT + bytes.fromhex(dek_id), AESGCM(dek), dek_id)
 
 
 def sealer_from_settings(

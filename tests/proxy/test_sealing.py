@@ -225,7 +225,9 @@ def test_erasure_destroys_the_key_and_a_later_write_makes_a_new_one(tmp_path: Pa
     asyncio.run(scenario())
 
 
-def test_a_replica_seals_with_an_erased_key_at_most_its_cache_time(tmp_path: Path) -> None:
+def test_a_replica_caches_an_erased_key_at_most_its_cache_time(tmp_path: Path) -> None:
+    """(The store never writes with the cached erased key: tests/proxy/test_sealing_replicas.py.)"""
+
     async def scenario() -> None:
         store = DirectoryDataKeyStore(tmp_path / "deks")
         keyring = _keyring(tmp_path / "kek", "k1")
@@ -236,7 +238,11 @@ def test_a_replica_seals_with_an_erased_key_at_most_its_cache_time(tmp_path: Pat
         now[0] = 29.0
         assert (await replica.writing_key(KEY)).header == before.header  # still cached
         now[0] = 31.0
-        assert (await replica.writing_key(KEY)).header != before.header  # a new DEK after the erasure
+        after = await replica.writing_key(KEY)
+        assert after.header != before.header  # a new DEK after the erasure
+        await Sealer(keyring, store).erase(unit_of(KEY))
+        # Asked afresh (the store refused the cached one), the key is the store's now, within the cache time.
+        assert (await replica.writing_key(KEY, fresh=True)).header not in (before.header, after.header)
 
     asyncio.run(scenario())
 
