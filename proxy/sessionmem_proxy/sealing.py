@@ -139,6 +139,24 @@ def field_context(conversation_key: str, name: str, header: bytes) -> bytes:
 
 
 _FIELD_PREFIX = "sealed:"
+_b64 = binascii.b2a_base64
+
+# Nonces, drawn from the OS's random source a batch at a time (one system call per batch instead of per
+# entry; as random as one at a time). A forked process must never use a nonce its parent may use too: under
+# the same key that would reveal both plain texts' XOR and the key's authentication secret.
+_NONCE_BATCH = 256
+_nonces: list[bytes] = []
+os.register_at_fork(after_in_child=_nonces.clear)
+
+
+def _nonce() -> bytes:
+    """A fresh random 96-bit nonce. ``list.pop`` is atomic, so threads may share the batch."""
+    try:
+        return _nonces.pop()
+    except IndexError:
+        batch = os.urandom(NONCE_BYTES * _NONCE_BATCH)
+        _nonces.extend(batch[i : i + NONCE_BYTES] for i in range(0, len(batch), NONCE_BYTES))
+        return _nonces.pop()
 
 
 class Sealer:
@@ -185,6 +203,13 @@ class Sealer:
             return cached.key
         return await self._fetch(unit)
 
+    def cached_writing_key(self, conversation_key: str) -> DataKey | None:
+        """``writing_key`` when this replica has it cached (no coroutine: the hot path), else None."""
+        cached = self._cache.get(data_key_unit(conversation_key))
+        if cached is not None and cached.key is not None and self._clock() - cached.fetched < self._ttl:
+            return cached.key
+        return None
+
     async def writing_key(self, conversation_key: str, fresh: bool = False) -> DataKey:
         """The DEK new entries of this conversation are sealed with; the unit's first write makes it.
         ``fresh``: asked of the store now, not taken from the cache (the store refused the cached one)."""
@@ -204,9 +229,20 @@ class Sealer:
     def seal(key: DataKey, conversation_key: str, entry_id: str, body: bytes) -> bytes:
         """What follows the id and version of a stored entry (``,"sealed":"..."}``) for the entry whose
         fields other than id and version are the JSON object ``body``."""
-        nonce = os.urandom(NONCE_BYTES)
-        sealed = key.aead.encrypt(nonce, body, sealed_context(conversation_key, entry_id, key.header))
-        return b',"sealed":"' + base64.b64encode(key.header + nonce + sealed) + b'"}'
+        return Sealer.sealing(key, conversation_key)(entry_id, body)
+
+    @staticmethod
+    def sealing(key: DataKey, conversation_key: str) -> Callable[[str, bytes], bytes]:
+        """``seal`` for the entries of one write to ``conversation_key``: what they share of the associated
+        data is built once."""
+        prefix, header, encrypt, b64 = _entry_context_prefix(conversation_key), key.header, key.aead.encrypt, _b64
+
+        def seal(entry_id: str, body: bytes) -> bytes:
+            nonce = _nonce()
+            sealed = encrypt(nonce, body, prefix + entry_id.encode() + b"\0" + header)
+            return b',"sealed":"' + b64(header + nonce + sealed, newline=False) + b'"}'
+
+        return seal
 
     @staticmethod
     def reseal(key: DataKey, conversation_key: str, opened: bytes) -> bytes:
@@ -337,7 +373,7 @@ class Sealer:
     def seal_field(key: DataKey, conversation_key: str, name: str, text: str) -> str:
         """A conversation's catalogue text (its title, its labels as JSON) as stored: sealed like its
         entries, under the same data key (``writing_key``), bound to the conversation and the field's name."""
-        nonce = os.urandom(NONCE_BYTES)
+        nonce = _nonce()
         sealed = key.aead.encrypt(nonce, text.encode(), field_context(conversation_key, name, key.header))
         return _FIELD_PREFIX + base64.b64encode(key.header + nonce + sealed).decode()
 

@@ -9,7 +9,6 @@ cap trims old entries (an entry count would stop at the cap).
 
 from __future__ import annotations
 
-import functools
 import heapq
 import logging
 import re
@@ -1074,7 +1073,7 @@ class ConversationStore:
         else:
 
             def sealed(dek: DataKey) -> Awaitable[Any]:
-                entry_seal = functools.partial(Sealer.seal, dek, key)
+                entry_seal = Sealer.sealing(dek, key)
                 args = append_args(entries, author, cap, ttl_seconds, idempotency_key, entry_seal)
                 return self._write(self._append, key, args, quota, dek)
 
@@ -1159,7 +1158,7 @@ class ConversationStore:
             raise InvalidRequest(f"body.throughVersion: the conversation is at version {version}")
 
         async def record(dek: DataKey | None) -> None:
-            seal = None if dek is None else functools.partial(Sealer.seal, dek, key)
+            seal = None if dek is None else Sealer.sealing(dek, key)
             entry_id, rest = _entry_args([summary], author, _now_ms(), seal=seal)
             assert isinstance(entry_id, str) and isinstance(rest, bytes)
             raw = b'{"id":"%s","v":%d%s' % (entry_id.encode(), through_version, rest)
@@ -1290,7 +1289,7 @@ class ConversationStore:
         expected = "*" if expected_version is None else str(expected_version)
 
         def write(dek: DataKey | None) -> Awaitable[Any]:
-            seal = None if dek is None else functools.partial(Sealer.seal, dek, key)
+            seal = None if dek is None else Sealer.sealing(dek, key)
             args: list[Any] = [expected, cap, ttl_seconds, *_entry_args(entries, author, _now_ms(), seal=seal)]
             return self._write(self._replace, key, args, quota, dek)
 
@@ -1365,9 +1364,10 @@ class ConversationStore:
         Valkey stores it only while that key is the unit's current one (``_DATA_KEY_FUNCTIONS``). Refused,
         it is sealed again with the key the DEK store holds now, confirmed as the current one, once;
         refused again, it is DataKeyUnavailable and nothing is stored."""
-        assert self.sealer is not None
+        sealer = self.sealer
+        assert sealer is not None
         try:
-            return await write(await self.sealer.writing_key(key))
+            return await write(sealer.cached_writing_key(key) or await sealer.writing_key(key))
         except _StaleDataKey as stale:
             dek = await self._confirmed_key(key, stale.generation)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 from pathlib import Path
 
 import orjson
@@ -14,7 +15,7 @@ from sessionmem_core import env
 from sessionmem_core.errors import DataKeyUnavailable, SealedEntryInvalid
 from sessionmem_core.keys import data_key_unit as unit_of
 from sessionmem_core.keys import data_key_unit_of_space as unit_of_prefix
-from sessionmem_proxy import datakeys
+from sessionmem_proxy import datakeys, sealing
 from sessionmem_proxy.datakeys import DirectoryDataKeyStore, Keyring, new_kek, rewrap
 from sessionmem_proxy.sealing import Sealer
 
@@ -313,3 +314,22 @@ def test_the_rewrap_command_uses_the_proxys_settings(
     monkeypatch.delenv(env.SEALING_KEYRING)
     with pytest.raises(SystemExit):
         datakeys.main(["rewrap"])
+
+
+def test_a_forked_process_never_seals_with_its_parents_nonces() -> None:
+    """Nonces are drawn a batch at a time: a child forked with part of a batch left must draw its own
+    (the same nonce under the same key would reveal both texts)."""
+    parent = sealing._nonce()
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child process)
+        os.close(read_end)
+        os.write(write_end, b"".join(sealing._nonce() for _ in range(4)))
+        os._exit(0)
+    os.close(write_end)
+    drawn = os.read(read_end, 1024)
+    os.close(read_end)
+    assert os.waitpid(child, 0)[1] == 0
+    children = {drawn[i : i + 12] for i in range(0, len(drawn), 12)}
+    left = {sealing._nonce() for _ in range(8)}
+    assert len(children) == 4 and not children & (left | {parent})
