@@ -25,7 +25,8 @@ entry whose DEK is not the unit's current one is an erased entry: reads leave it
 
 An agent reads the same window every turn, two entries moved on, so each replica remembers the entries
 its reads opened, per conversation, for as long as their unit's DEK is the current one (``_Opened``):
-opening is an AEAD call and a base64 decode per entry, remembering one a dict lookup.
+opening is an AEAD call and a base64 decode per entry, remembering one a dict lookup, and a read that
+repeats or moves on the last one is matched against it by comparing bytes (no hash of each entry).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -112,8 +113,26 @@ class _Opened:
     unit: str
     header: bytes
     entries: dict[bytes, bytes]
-    size: int
+    size: int  # the entries' bytes, stored and opened, and the window's
     read_at: float
+    # The last read's entries as stored, in order, and as answered: the next read (the same window, or
+    # moved on by a turn) is matched against it by comparing bytes, without hashing each entry again.
+    window: list[bytes] = field(default_factory=list)
+    answer: list[bytes] = field(default_factory=list)
+    window_size: int = 0
+
+    def aligned(self, raw_entries: list[bytes]) -> int:
+        """How many of ``raw_entries``, from the first, are the last window's entries from some point on
+        (byte for byte, in order): answered by ``answer`` from that point."""
+        window = self.window
+        if not window:
+            return 0
+        try:
+            shift = window.index(raw_entries[0])
+        except ValueError:
+            return 0
+        overlap = len(window) - shift
+        return overlap if raw_entries[:overlap] == window[shift:] else 0
 
 
 @dataclass(slots=True)
@@ -260,9 +279,11 @@ class Sealer:
         from the conversation's memo (``_Opened``) instead of being opened again."""
         if not raw_entries:
             return []
+        raws = raw_entries if isinstance(raw_entries, list) else list(raw_entries)
         now = self._clock()
         self._sweep_opened(now)
         memo = self._opened.get(conversation_key)
+        head = 0  # the leading entries the memo's last window holds (answered from it)
         if memo is not None:
             # The common read: every entry opened before, under the unit's DEK as cached now.
             cached = self._cache.get(memo.unit)
@@ -272,22 +293,28 @@ class Sealer:
                 and cached.key.header == memo.header
                 and now - cached.fetched < self._ttl
             ):
+                head = memo.aligned(raws)
+                shift = len(memo.window) - head
                 get = memo.entries.get
-                hits = [get(raw) for raw in raw_entries]
-                if None not in hits:
+                tail = [get(raw) for raw in raws[head:]] if head else [get(raw) for raw in raws]
+                if None not in tail:
                     memo.read_at = now
                     self._opened.move_to_end(conversation_key)
-                    return cast(list[bytes], hits)
+                    if head == len(raws) and not shift:
+                        return list(memo.answer)  # the same window as the last read
+                    answered = memo.answer[shift:] + cast(list[bytes], tail) if head else cast(list[bytes], tail)
+                    self._remember_window(conversation_key, memo, raws, answered, head)
+                    return list(answered)
         unit = data_key_unit(conversation_key)
         key = initial = await self._current(unit)
         if memo is not None and (key is None or memo.header != key.header):
             self._forget_opened(conversation_key)
-            memo = None
+            memo, head = None, 0
         remembered = memo.entries if memo is not None else {}
-        opened: list[bytes] = []
+        opened: list[bytes] = memo.answer[len(memo.window) - head :] if memo is not None and head else []
         fresh: list[tuple[bytes, bytes]] = []
         context = _entry_context_prefix(conversation_key)  # the part every entry here shares
-        for raw in raw_entries:
+        for raw in raws[head:] if head else raws:
             if remembered:
                 hit = remembered.get(raw)
                 if hit is not None:
@@ -327,12 +354,35 @@ class Sealer:
             fresh.append((raw, entry))
         if (fresh or memo is not None) and key is not None and key is initial and self._opened_max:
             # (A key asked again halfway may differ from the one the entries before were opened with.)
-            self._remember_opened(conversation_key, unit, key.header, fresh, len(raw_entries))
+            memo = self._remember_opened(conversation_key, unit, key.header, fresh, len(raws))
+            self._remember_window(conversation_key, memo, raws, list(opened), head)
         return opened
+
+    def _remember_window(
+        self, conversation_key: str, memo: _Opened, raws: list[bytes], answer: list[bytes], head: int
+    ) -> None:
+        """Keep a read of two entries or more, each answered (``answer``, the memo's own list from now on),
+        as the memo's window, its first ``head`` entries the last window's from some point on; a summary's
+        or a pop's one entry leaves the window the agent's reads move along. Its bytes count with the
+        memo's."""
+        if len(raws) < 2 or len(answer) != len(raws) or self._opened.get(conversation_key) is not memo:
+            return
+        if head and len(memo.window) >= head:  # (a memo that started over holds no window)
+            # Moved on: the last window's entries from ``shift`` on, then the new ones (counted alone).
+            window = memo.window
+            shift = len(window) - head
+            size = memo.window_size - sum(map(len, window[:shift])) + sum(map(len, raws[head:]))
+            window = window[shift:] + raws[head:]
+        else:
+            window, size = list(raws), sum(map(len, raws))
+        self._opened_bytes += size - memo.window_size
+        memo.size += size - memo.window_size
+        memo.window, memo.answer, memo.window_size = window, answer, size
+        self._bound_opened()
 
     def _remember_opened(
         self, conversation_key: str, unit: str, header: bytes, fresh: list[tuple[bytes, bytes]], window: int
-    ) -> None:
+    ) -> _Opened:
         memo = self._opened.get(conversation_key)
         if memo is None or memo.header != header:
             if memo is not None:
@@ -341,7 +391,7 @@ class Sealer:
         elif len(memo.entries) + len(fresh) > _MEMO_SLACK * window + _MEMO_SLACK_ENTRIES:
             # Entries that slid out of the window are not read again: start over from this read's.
             self._opened_bytes -= memo.size
-            memo.entries, memo.size = {}, 0
+            memo.entries, memo.size, memo.window, memo.answer, memo.window_size = {}, 0, [], [], 0
         size = 0
         for raw, entry in fresh:
             memo.entries[raw] = entry
@@ -350,7 +400,12 @@ class Sealer:
         memo.read_at = self._clock()
         self._opened_bytes += size
         self._opened.move_to_end(conversation_key)
-        while self._opened_bytes > self._opened_max:
+        self._bound_opened()
+        return memo
+
+    def _bound_opened(self) -> None:
+        """Drop the least recently read memos while the memos hold more than their bound."""
+        while self._opened_bytes > self._opened_max and self._opened:
             _, dropped = self._opened.popitem(last=False)
             self._opened_bytes -= dropped.size
 

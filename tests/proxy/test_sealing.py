@@ -153,6 +153,51 @@ def test_a_replica_opens_an_entry_sealed_with_a_key_newer_than_it_cached_a_momen
     asyncio.run(scenario())
 
 
+def _check_memos(sealer: Sealer) -> None:
+    """What a sealer remembers is counted right, and each memo's window pairs stored and answered entries."""
+    memos = list(sealer._opened.values())
+    assert sealer._opened_bytes == sum(memo.size for memo in memos)
+    for memo in memos:
+        assert len(memo.window) == len(memo.answer)
+        assert memo.window_size == sum(map(len, memo.window))
+        assert all(
+            memo.entries.get(raw, answer) == answer for raw, answer in zip(memo.window, memo.answer, strict=True)
+        )
+
+
+def test_a_window_read_again_or_moved_on_answers_what_opening_does(tmp_path: Path) -> None:
+    """The memo's last window answers the next read by comparing bytes: the same window, one moved on by
+    a turn, one with a stamp on its newest entry, and never an entry altered by one byte."""
+
+    async def scenario() -> None:
+        store = DirectoryDataKeyStore(tmp_path / "deks")
+        keyring = _keyring(tmp_path / "kek", "k1")
+        sealer = Sealer(keyring, store)
+        cold = Sealer(keyring, store, opened_bytes=0)
+        stored = [await _sealed(sealer, KEY, f"m{i}", f"{SENTENCE} ({i})", version=i) for i in range(1, 13)]
+
+        async def same(window: list[bytes]) -> None:
+            # Fresh bytes objects each time, as Valkey's answers are.
+            assert await sealer.open(KEY, [bytes(bytearray(raw)) for raw in window]) == await cold.open(KEY, window)
+            _check_memos(sealer)
+
+        for window in (stored[0:8], stored[0:8], stored[2:10], stored[4:12], stored[4:12], stored[5:12]):
+            await same(window)
+        stamped = [*stored[4:11], stored[11].replace(b',"v":12', b',"v":12,"rewoundAt":13')]
+        await same(stamped)
+        await same(stored[6:12])
+        await same([stored[3]])  # a pop's or a summary's one entry leaves the window as it was
+        await same(stored[6:12])
+        blob = stored[8].split(b'"sealed":"')[1][:-2]
+        altered = bytearray(base64.b64decode(blob))
+        altered[-1] ^= 0x01
+        tampered = [*stored[6:8], stored[8].replace(blob, base64.b64encode(bytes(altered))), *stored[9:12]]
+        with pytest.raises(SealedEntryInvalid):
+            await sealer.open(KEY, tampered)
+
+    asyncio.run(scenario())
+
+
 def test_what_a_replica_keeps_of_opened_entries_is_bounded(tmp_path: Path) -> None:
     async def scenario() -> None:
         store = DirectoryDataKeyStore(tmp_path / "deks")
@@ -170,7 +215,8 @@ def test_what_a_replica_keeps_of_opened_entries_is_bounded(tmp_path: Path) -> No
         roomy = Sealer(keyring, store)
         for i in range(1, 200):
             entries.append(await _sealed(roomy, key, f"m{i}", SENTENCE, version=i))
-            await roomy.open(key, entries[-2:])
+            assert len(await roomy.open(key, entries[-2:])) == min(i, 2)
+            _check_memos(roomy)
         assert len(roomy._opened[key].entries) <= 4 * 2 + 64
         # Nor does a conversation's memo outlive its reads by more than the cache time.
         now = [0.0]
