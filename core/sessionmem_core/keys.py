@@ -131,7 +131,8 @@ def validate_dns_label(value: str, what: str) -> str:
 # ``...:recent`` (the agent's own or a registry's conversations) or ``...:recent:<bucket>`` (a user
 # bucket's). They cannot collide with a conversation key (``usage:{`` is no namespace, and a shared key
 # starts ``mem:shared:``), no conversation listing (``mem:<namespace>/<agent>:*``) finds them, and they stay
-# under the ``mem:*`` keys the chart's Valkey ACL lets the proxy touch.
+# under the ``mem:*`` keys the chart's Valkey ACL lets the proxy touch. With encryption at rest, the same
+# slot holds ``...:deks``: which data key each unit of the space writes with now (``data_key_marks``).
 
 KEY_PREFIX = "mem:"
 
@@ -242,7 +243,7 @@ _LAYOUTS = (
     re.compile(rf"^mem:shared:(?P<registry>{_LABEL}):(?P<cid>{_ID})$"),
     re.compile(rf"^mem:(?P<namespace>{_LABEL})/(?P<agent>{_LABEL}):u:(?P<bucket>[0-9a-f]{{32}}):(?P<cid>{_ID})$"),
     re.compile(
-        rf"^mem:usage:\{{(?:{_LABEL}/{_LABEL}|shared:{_LABEL})\}}:(?:expiry|bytes|meta|summary|recent(?::[0-9a-f]{{32}})?)$"
+        rf"^mem:usage:\{{(?:{_LABEL}/{_LABEL}|shared:{_LABEL})\}}:(?:expiry|bytes|meta|summary|deks|recent(?::[0-9a-f]{{32}})?)$"
     ),
 )
 
@@ -354,3 +355,9 @@ def data_key_unit_of_space(prefix: str) -> str:
 def data_key_space(unit: str) -> str:
     """The agent (or registry) a unit belongs to: erasing it erases every unit of the space."""
     return unit.split(_USER_BUCKET, 1)[0]
+
+
+def data_key_marks(unit: str) -> str:
+    """The hash naming the data key each unit of ``unit``'s space may write with now, in the space's
+    accounting slot (``usage_keys_of``): the write scripts that seal check it in the write's own step."""
+    return f"{USAGE_PREFIX}{{{data_key_space(unit)}}}:deks"

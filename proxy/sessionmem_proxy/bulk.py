@@ -73,7 +73,8 @@ async def erase_space(store: ConversationStore, prefix: str) -> Erasure:
     """Erase every conversation under ``prefix``. With sealing, the space's data keys are destroyed first:
     that is what makes the entries unreadable in the AOF, the snapshots, the replicas and the backups, and
     what a failure must stop (fail closed: nothing is reported erased while its key survives). A write
-    that races the erasure lands sealed with a key that no longer exists, or under a new one."""
-    destroyed = await store.sealer.erase(data_key_unit_of_space(prefix)) if store.sealer is not None else None
+    that races the erasure is stored under the old key only while the erasure runs (and is erased with
+    it); from the receipt on, Valkey refuses the old key and the writer seals under a new one."""
+    destroyed = await store.erase_data_keys(data_key_unit_of_space(prefix)) if store.sealer is not None else None
     removed, entries = await delete_all(store, prefix)
     return Erasure(removed, entries, destroyed)

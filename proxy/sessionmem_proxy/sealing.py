@@ -16,14 +16,17 @@ search, redaction (which runs before sealing), token budgets and summaries work 
 stored before sealing was turned on (no ``sealed`` field) is read as it is.
 
 Erasure destroys the unit's DEK. Each replica caches unwrapped DEKs for ``cache_seconds`` (bounded in
-number): a replica that still holds an erased unit's DEK seals at most that long with it, and what it
-seals then is unreadable like everything else the DEK sealed, because the key is gone from the store. An
-entry whose DEK is not the unit's current one is such an erased entry: reads leave it out. A write after
-the erasure makes a new DEK (a new id), so nothing written afterwards depends on the destroyed one.
+number), so a replica may still hold an erased unit's DEK after the erasure. It never stores with it: every
+write that seals names the DEK it sealed with, and Valkey refuses it, in the write's own step, when that
+DEK is no longer the one the unit writes with (``store``: the unit's data key mark, which the erasure moves
+on before and after destroying the key). The writer then asks the store for the unit's current DEK
+(``writing_key(..., fresh=True)``: a new one, made now, after an erasure), seals again and retries. An
+entry whose DEK is not the unit's current one is an erased entry: reads leave it out.
 
 An agent reads the same window every turn, two entries moved on, so each replica remembers the entries
 its reads opened, per conversation, for as long as their unit's DEK is the current one (``_Opened``):
-opening is an AEAD call and a base64 decode per entry, remembering one a dict lookup.
+opening is an AEAD call and a base64 decode per entry, remembering one a dict lookup, and a read that
+repeats or moves on the last one is matched against it by comparing bytes (no hash of each entry).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -69,7 +72,9 @@ _CLEAR_STAMPS = rb'(?:,"rewoundAt":\d+)?(?:,"idempotencyKey":"[^"]*")?'
 _SEALED_MARK = b',"sealed":"'
 _MARK_OFFSET = len(_SEALED_MARK) - 1  # from the sealed part's mark to the quote that opens its base64
 _OPENED = re.compile(rb'^(\{"id":"([^"]*)","v":\d+' + _CLEAR_STAMPS + rb"),(.*)$", re.S)
-# A reader that meets a DEK id other than the cached one asks the store again, at most this often per unit.
+# A reader that meets a DEK id other than the cached one asks the store again, at most this often per unit
+# (counted from the last time such a meeting asked it, not from the fetch: a key cached a moment before the
+# unit's key changed is asked again at once).
 _REFRESH_FLOOR_SECONDS = 1.0
 DEFAULT_CACHE_SECONDS = 30.0
 DEFAULT_CACHE_UNITS = 10_000
@@ -88,6 +93,7 @@ class DataKey:
     unit: str
     header: bytes  # format byte + DEK id
     aead: AESGCM
+    dek_id: str  # the DEK id as its record and the unit's data key mark name it (hex)
 
 
 @dataclass(slots=True)
@@ -107,14 +113,33 @@ class _Opened:
     unit: str
     header: bytes
     entries: dict[bytes, bytes]
-    size: int
+    size: int  # the entries' bytes, stored and opened, and the window's
     read_at: float
+    # The last read's entries as stored, in order, and as answered: the next read (the same window, or
+    # moved on by a turn) is matched against it by comparing bytes, without hashing each entry again.
+    window: list[bytes] = field(default_factory=list)
+    answer: list[bytes] = field(default_factory=list)
+    window_size: int = 0
+
+    def aligned(self, raw_entries: list[bytes]) -> int:
+        """How many of ``raw_entries``, from the first, are the last window's entries from some point on
+        (byte for byte, in order): answered by ``answer`` from that point."""
+        window = self.window
+        if not window:
+            return 0
+        try:
+            shift = window.index(raw_entries[0])
+        except ValueError:
+            return 0
+        overlap = len(window) - shift
+        return overlap if raw_entries[:overlap] == window[shift:] else 0
 
 
 @dataclass(slots=True)
 class _Cached:
     key: DataKey | None  # None: the unit has no DEK (never sealed anything, or erased)
     fetched: float
+    refreshed: float  # when a reader that met another DEK id last asked the store (``_refreshed``)
 
 
 def _entry_context_prefix(conversation_key: str) -> bytes:
@@ -133,6 +158,24 @@ def field_context(conversation_key: str, name: str, header: bytes) -> bytes:
 
 
 _FIELD_PREFIX = "sealed:"
+_b64 = binascii.b2a_base64
+
+# Nonces, drawn from the OS's random source a batch at a time (one system call per batch instead of per
+# entry; as random as one at a time). A forked process must never use a nonce its parent may use too: under
+# the same key that would reveal both plain texts' XOR and the key's authentication secret.
+_NONCE_BATCH = 256
+_nonces: list[bytes] = []
+os.register_at_fork(after_in_child=_nonces.clear)
+
+
+def _nonce() -> bytes:
+    """A fresh random 96-bit nonce. ``list.pop`` is atomic, so threads may share the batch."""
+    try:
+        return _nonces.pop()
+    except IndexError:
+        batch = os.urandom(NONCE_BYTES * _NONCE_BATCH)
+        _nonces.extend(batch[i : i + NONCE_BYTES] for i in range(0, len(batch), NONCE_BYTES))
+        return _nonces.pop()
 
 
 class Sealer:
@@ -158,19 +201,20 @@ class Sealer:
         self._opened_bytes = 0
         self._opened_max = opened_bytes
 
-    def _remember(self, unit: str, key: DataKey | None) -> DataKey | None:
-        self._cache[unit] = _Cached(key, self._clock())
+    def _remember(self, unit: str, key: DataKey | None, refreshed: bool = False) -> DataKey | None:
+        now = self._clock()
+        self._cache[unit] = _Cached(key, now, now if refreshed else float("-inf"))
         self._cache.move_to_end(unit)
         while len(self._cache) > self._max:
             self._cache.popitem(last=False)
         return key
 
-    async def _fetch(self, unit: str) -> DataKey | None:
+    async def _fetch(self, unit: str, refreshed: bool = False) -> DataKey | None:
         record = await self.keys.load(unit)
         if record is None:
-            return self._remember(unit, None)
+            return self._remember(unit, None, refreshed)
         dek = await self.wrapper.unwrap(record)
-        return self._remember(unit, DataKey(unit, _FORMAT + bytes.fromhex(record.dek_id), AESGCM(dek)))
+        return self._remember(unit, _data_key(unit, record.dek_id, dek), refreshed)
 
     async def _current(self, unit: str) -> DataKey | None:
         cached = self._cache.get(unit)
@@ -178,17 +222,25 @@ class Sealer:
             return cached.key
         return await self._fetch(unit)
 
-    async def writing_key(self, conversation_key: str) -> DataKey:
-        """The DEK new entries of this conversation are sealed with; the unit's first write makes it."""
+    def cached_writing_key(self, conversation_key: str) -> DataKey | None:
+        """``writing_key`` when this replica has it cached (no coroutine: the hot path), else None."""
+        cached = self._cache.get(data_key_unit(conversation_key))
+        if cached is not None and cached.key is not None and self._clock() - cached.fetched < self._ttl:
+            return cached.key
+        return None
+
+    async def writing_key(self, conversation_key: str, fresh: bool = False) -> DataKey:
+        """The DEK new entries of this conversation are sealed with; the unit's first write makes it.
+        ``fresh``: asked of the store now, not taken from the cache (the store refused the cached one)."""
         unit = data_key_unit(conversation_key)
-        key = await self._current(unit)
+        key = await self._fetch(unit) if fresh else await self._current(unit)
         if key is not None:
             return key
         record, dek = await new_data_key(self.wrapper, unit)
         stored = await self.keys.create(record)
         if stored.dek_id != record.dek_id:  # another replica made the unit's key first: use theirs
             dek = await self.wrapper.unwrap(stored)
-        made = DataKey(unit, _FORMAT + bytes.fromhex(stored.dek_id), AESGCM(dek))
+        made = _data_key(unit, stored.dek_id, dek)
         self._remember(unit, made)
         return made
 
@@ -196,9 +248,20 @@ class Sealer:
     def seal(key: DataKey, conversation_key: str, entry_id: str, body: bytes) -> bytes:
         """What follows the id and version of a stored entry (``,"sealed":"..."}``) for the entry whose
         fields other than id and version are the JSON object ``body``."""
-        nonce = os.urandom(NONCE_BYTES)
-        sealed = key.aead.encrypt(nonce, body, sealed_context(conversation_key, entry_id, key.header))
-        return b',"sealed":"' + base64.b64encode(key.header + nonce + sealed) + b'"}'
+        return Sealer.sealing(key, conversation_key)(entry_id, body)
+
+    @staticmethod
+    def sealing(key: DataKey, conversation_key: str) -> Callable[[str, bytes], bytes]:
+        """``seal`` for the entries of one write to ``conversation_key``: what they share of the associated
+        data is built once."""
+        prefix, header, encrypt, b64 = _entry_context_prefix(conversation_key), key.header, key.aead.encrypt, _b64
+
+        def seal(entry_id: str, body: bytes) -> bytes:
+            nonce = _nonce()
+            sealed = encrypt(nonce, body, prefix + entry_id.encode() + b"\0" + header)
+            return b',"sealed":"' + b64(header + nonce + sealed, newline=False) + b'"}'
+
+        return seal
 
     @staticmethod
     def reseal(key: DataKey, conversation_key: str, opened: bytes) -> bytes:
@@ -216,9 +279,11 @@ class Sealer:
         from the conversation's memo (``_Opened``) instead of being opened again."""
         if not raw_entries:
             return []
+        raws = raw_entries if isinstance(raw_entries, list) else list(raw_entries)
         now = self._clock()
         self._sweep_opened(now)
         memo = self._opened.get(conversation_key)
+        head = 0  # the leading entries the memo's last window holds (answered from it)
         if memo is not None:
             # The common read: every entry opened before, under the unit's DEK as cached now.
             cached = self._cache.get(memo.unit)
@@ -228,22 +293,28 @@ class Sealer:
                 and cached.key.header == memo.header
                 and now - cached.fetched < self._ttl
             ):
+                head = memo.aligned(raws)
+                shift = len(memo.window) - head
                 get = memo.entries.get
-                hits = [get(raw) for raw in raw_entries]
-                if None not in hits:
+                tail = [get(raw) for raw in raws[head:]] if head else [get(raw) for raw in raws]
+                if None not in tail:
                     memo.read_at = now
                     self._opened.move_to_end(conversation_key)
-                    return cast(list[bytes], hits)
+                    if head == len(raws) and not shift:
+                        return list(memo.answer)  # the same window as the last read
+                    answered = memo.answer[shift:] + cast(list[bytes], tail) if head else cast(list[bytes], tail)
+                    self._remember_window(conversation_key, memo, raws, answered, head)
+                    return list(answered)
         unit = data_key_unit(conversation_key)
         key = initial = await self._current(unit)
         if memo is not None and (key is None or memo.header != key.header):
             self._forget_opened(conversation_key)
-            memo = None
+            memo, head = None, 0
         remembered = memo.entries if memo is not None else {}
-        opened: list[bytes] = []
+        opened: list[bytes] = memo.answer[len(memo.window) - head :] if memo is not None and head else []
         fresh: list[tuple[bytes, bytes]] = []
         context = _entry_context_prefix(conversation_key)  # the part every entry here shares
-        for raw in raw_entries:
+        for raw in raws[head:] if head else raws:
             if remembered:
                 hit = remembered.get(raw)
                 if hit is not None:
@@ -283,12 +354,35 @@ class Sealer:
             fresh.append((raw, entry))
         if (fresh or memo is not None) and key is not None and key is initial and self._opened_max:
             # (A key asked again halfway may differ from the one the entries before were opened with.)
-            self._remember_opened(conversation_key, unit, key.header, fresh, len(raw_entries))
+            memo = self._remember_opened(conversation_key, unit, key.header, fresh, len(raws))
+            self._remember_window(conversation_key, memo, raws, list(opened), head)
         return opened
+
+    def _remember_window(
+        self, conversation_key: str, memo: _Opened, raws: list[bytes], answer: list[bytes], head: int
+    ) -> None:
+        """Keep a read of two entries or more, each answered (``answer``, the memo's own list from now on),
+        as the memo's window, its first ``head`` entries the last window's from some point on; a summary's
+        or a pop's one entry leaves the window the agent's reads move along. Its bytes count with the
+        memo's."""
+        if len(raws) < 2 or len(answer) != len(raws) or self._opened.get(conversation_key) is not memo:
+            return
+        if head and len(memo.window) >= head:  # (a memo that started over holds no window)
+            # Moved on: the last window's entries from ``shift`` on, then the new ones (counted alone).
+            window = memo.window
+            shift = len(window) - head
+            size = memo.window_size - sum(map(len, window[:shift])) + sum(map(len, raws[head:]))
+            window = window[shift:] + raws[head:]
+        else:
+            window, size = list(raws), sum(map(len, raws))
+        self._opened_bytes += size - memo.window_size
+        memo.size += size - memo.window_size
+        memo.window, memo.answer, memo.window_size = window, answer, size
+        self._bound_opened()
 
     def _remember_opened(
         self, conversation_key: str, unit: str, header: bytes, fresh: list[tuple[bytes, bytes]], window: int
-    ) -> None:
+    ) -> _Opened:
         memo = self._opened.get(conversation_key)
         if memo is None or memo.header != header:
             if memo is not None:
@@ -297,7 +391,7 @@ class Sealer:
         elif len(memo.entries) + len(fresh) > _MEMO_SLACK * window + _MEMO_SLACK_ENTRIES:
             # Entries that slid out of the window are not read again: start over from this read's.
             self._opened_bytes -= memo.size
-            memo.entries, memo.size = {}, 0
+            memo.entries, memo.size, memo.window, memo.answer, memo.window_size = {}, 0, [], [], 0
         size = 0
         for raw, entry in fresh:
             memo.entries[raw] = entry
@@ -306,7 +400,12 @@ class Sealer:
         memo.read_at = self._clock()
         self._opened_bytes += size
         self._opened.move_to_end(conversation_key)
-        while self._opened_bytes > self._opened_max:
+        self._bound_opened()
+        return memo
+
+    def _bound_opened(self) -> None:
+        """Drop the least recently read memos while the memos hold more than their bound."""
+        while self._opened_bytes > self._opened_max and self._opened:
             _, dropped = self._opened.popitem(last=False)
             self._opened_bytes -= dropped.size
 
@@ -325,11 +424,11 @@ class Sealer:
         if memo is not None:
             self._opened_bytes -= memo.size
 
-    async def seal_field(self, conversation_key: str, name: str, text: str) -> str:
+    @staticmethod
+    def seal_field(key: DataKey, conversation_key: str, name: str, text: str) -> str:
         """A conversation's catalogue text (its title, its labels as JSON) as stored: sealed like its
-        entries, under the same data key, bound to the conversation and the field's name."""
-        key = await self.writing_key(conversation_key)
-        nonce = os.urandom(NONCE_BYTES)
+        entries, under the same data key (``writing_key``), bound to the conversation and the field's name."""
+        nonce = _nonce()
         sealed = key.aead.encrypt(nonce, text.encode(), field_context(conversation_key, name, key.header))
         return _FIELD_PREFIX + base64.b64encode(key.header + nonce + sealed).decode()
 
@@ -361,9 +460,9 @@ class Sealer:
         """The unit's DEK asked of the store again (another replica may have made a new one since this one
         cached it), unless it was asked within the refresh floor."""
         cached = self._cache.get(unit)
-        if cached is not None and self._clock() - cached.fetched < _REFRESH_FLOOR_SECONDS:
+        if cached is not None and self._clock() - cached.refreshed < _REFRESH_FLOOR_SECONDS:
             return key
-        return await self._fetch(unit)
+        return await self._fetch(unit, refreshed=True)
 
     async def erase(self, unit: str) -> list[str]:
         """Destroy the DEK of ``unit`` (of every unit of an agent's or registry's space, when ``unit`` is
@@ -379,6 +478,10 @@ class Sealer:
             if memo.unit == unit or (whole_space and data_key_space(memo.unit) == space):
                 self._forget_opened(conversation_key)
         return destroyed
+
+
+def _data_key(unit: str, dek_id: str, dek: bytes) -> DataKey:
+    return DataKey(unit, _FORMAT + bytes.fromhex(dek_id), AESGCM(dek), dek_id)
 
 
 def sealer_from_settings(

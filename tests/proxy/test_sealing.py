@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 from pathlib import Path
 
 import orjson
@@ -14,7 +15,7 @@ from sessionmem_core import env
 from sessionmem_core.errors import DataKeyUnavailable, SealedEntryInvalid
 from sessionmem_core.keys import data_key_unit as unit_of
 from sessionmem_core.keys import data_key_unit_of_space as unit_of_prefix
-from sessionmem_proxy import datakeys
+from sessionmem_proxy import datakeys, sealing
 from sessionmem_proxy.datakeys import DirectoryDataKeyStore, Keyring, new_kek, rewrap
 from sessionmem_proxy.sealing import Sealer
 
@@ -125,6 +126,78 @@ def test_a_reread_answers_what_opening_does_and_never_outlives_the_key(tmp_path:
     asyncio.run(scenario())
 
 
+def test_a_replica_opens_an_entry_sealed_with_a_key_newer_than_it_cached_a_moment_ago(tmp_path: Path) -> None:
+    """The store is asked again at once when a read meets a DEK id other than the cached one (a fork copies
+    what its read answered: an entry left out there would be lost from the copy), and then at most once
+    per second."""
+
+    async def scenario() -> None:
+        store = DirectoryDataKeyStore(tmp_path / "deks")
+        keyring = _keyring(tmp_path / "kek", "k1")
+        now = [100.0]
+        replica = Sealer(keyring, store, clock=lambda: now[0])
+        other = Sealer(keyring, store)
+        await _sealed(replica, KEY, "m1", "before")  # the replica caches the unit's key
+        await other.erase(unit_of(KEY))
+        new = await _sealed(other, KEY, "m2", "after")  # under the unit's new key
+        now[0] += 0.1
+        assert [orjson.loads(raw)["content"] for raw in await replica.open(KEY, [new])] == ["after"]
+        # Within the second after that, an entry of a key the store no longer holds does not ask again.
+        await other.erase(unit_of(KEY))
+        newest = await _sealed(other, KEY, "m3", "newest")
+        now[0] += 0.5
+        assert await replica.open(KEY, [newest]) == []
+        now[0] += 0.6
+        assert [orjson.loads(raw)["content"] for raw in await replica.open(KEY, [newest])] == ["newest"]
+
+    asyncio.run(scenario())
+
+
+def _check_memos(sealer: Sealer) -> None:
+    """What a sealer remembers is counted right, and each memo's window pairs stored and answered entries."""
+    memos = list(sealer._opened.values())
+    assert sealer._opened_bytes == sum(memo.size for memo in memos)
+    for memo in memos:
+        assert len(memo.window) == len(memo.answer)
+        assert memo.window_size == sum(map(len, memo.window))
+        assert all(
+            memo.entries.get(raw, answer) == answer for raw, answer in zip(memo.window, memo.answer, strict=True)
+        )
+
+
+def test_a_window_read_again_or_moved_on_answers_what_opening_does(tmp_path: Path) -> None:
+    """The memo's last window answers the next read by comparing bytes: the same window, one moved on by
+    a turn, one with a stamp on its newest entry, and never an entry altered by one byte."""
+
+    async def scenario() -> None:
+        store = DirectoryDataKeyStore(tmp_path / "deks")
+        keyring = _keyring(tmp_path / "kek", "k1")
+        sealer = Sealer(keyring, store)
+        cold = Sealer(keyring, store, opened_bytes=0)
+        stored = [await _sealed(sealer, KEY, f"m{i}", f"{SENTENCE} ({i})", version=i) for i in range(1, 13)]
+
+        async def same(window: list[bytes]) -> None:
+            # Fresh bytes objects each time, as Valkey's answers are.
+            assert await sealer.open(KEY, [bytes(bytearray(raw)) for raw in window]) == await cold.open(KEY, window)
+            _check_memos(sealer)
+
+        for window in (stored[0:8], stored[0:8], stored[2:10], stored[4:12], stored[4:12], stored[5:12]):
+            await same(window)
+        stamped = [*stored[4:11], stored[11].replace(b',"v":12', b',"v":12,"rewoundAt":13')]
+        await same(stamped)
+        await same(stored[6:12])
+        await same([stored[3]])  # a pop's or a summary's one entry leaves the window as it was
+        await same(stored[6:12])
+        blob = stored[8].split(b'"sealed":"')[1][:-2]
+        altered = bytearray(base64.b64decode(blob))
+        altered[-1] ^= 0x01
+        tampered = [*stored[6:8], stored[8].replace(blob, base64.b64encode(bytes(altered))), *stored[9:12]]
+        with pytest.raises(SealedEntryInvalid):
+            await sealer.open(KEY, tampered)
+
+    asyncio.run(scenario())
+
+
 def test_what_a_replica_keeps_of_opened_entries_is_bounded(tmp_path: Path) -> None:
     async def scenario() -> None:
         store = DirectoryDataKeyStore(tmp_path / "deks")
@@ -142,7 +215,8 @@ def test_what_a_replica_keeps_of_opened_entries_is_bounded(tmp_path: Path) -> No
         roomy = Sealer(keyring, store)
         for i in range(1, 200):
             entries.append(await _sealed(roomy, key, f"m{i}", SENTENCE, version=i))
-            await roomy.open(key, entries[-2:])
+            assert len(await roomy.open(key, entries[-2:])) == min(i, 2)
+            _check_memos(roomy)
         assert len(roomy._opened[key].entries) <= 4 * 2 + 64
         # Nor does a conversation's memo outlive its reads by more than the cache time.
         now = [0.0]
@@ -198,7 +272,9 @@ def test_erasure_destroys_the_key_and_a_later_write_makes_a_new_one(tmp_path: Pa
     asyncio.run(scenario())
 
 
-def test_a_replica_seals_with_an_erased_key_at_most_its_cache_time(tmp_path: Path) -> None:
+def test_a_replica_caches_an_erased_key_at_most_its_cache_time(tmp_path: Path) -> None:
+    """(The store never writes with the cached erased key: tests/proxy/test_sealing_replicas.py.)"""
+
     async def scenario() -> None:
         store = DirectoryDataKeyStore(tmp_path / "deks")
         keyring = _keyring(tmp_path / "kek", "k1")
@@ -209,7 +285,11 @@ def test_a_replica_seals_with_an_erased_key_at_most_its_cache_time(tmp_path: Pat
         now[0] = 29.0
         assert (await replica.writing_key(KEY)).header == before.header  # still cached
         now[0] = 31.0
-        assert (await replica.writing_key(KEY)).header != before.header  # a new DEK after the erasure
+        after = await replica.writing_key(KEY)
+        assert after.header != before.header  # a new DEK after the erasure
+        await Sealer(keyring, store).erase(unit_of(KEY))
+        # Asked afresh (the store refused the cached one), the key is the store's now, within the cache time.
+        assert (await replica.writing_key(KEY, fresh=True)).header not in (before.header, after.header)
 
     asyncio.run(scenario())
 
@@ -280,3 +360,22 @@ def test_the_rewrap_command_uses_the_proxys_settings(
     monkeypatch.delenv(env.SEALING_KEYRING)
     with pytest.raises(SystemExit):
         datakeys.main(["rewrap"])
+
+
+def test_a_forked_process_never_seals_with_its_parents_nonces() -> None:
+    """Nonces are drawn a batch at a time: a child forked with part of a batch left must draw its own
+    (the same nonce under the same key would reveal both texts)."""
+    parent = sealing._nonce()
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child process)
+        os.close(read_end)
+        os.write(write_end, b"".join(sealing._nonce() for _ in range(4)))
+        os._exit(0)
+    os.close(write_end)
+    drawn = os.read(read_end, 1024)
+    os.close(read_end)
+    assert os.waitpid(child, 0)[1] == 0
+    children = {drawn[i : i + 12] for i in range(0, len(drawn), 12)}
+    left = {sealing._nonce() for _ in range(8)}
+    assert len(children) == 4 and not children & (left | {parent})
