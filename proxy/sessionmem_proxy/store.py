@@ -521,10 +521,12 @@ return {redis.call('LLEN', KEYS[1]), redis.call('LINDEX', KEYS[1], -1) or '', re
 # compaction summary instead when it has one: {summary, window, 1, -1}.
 READ_ANSWER_BYTES = 4 * 1024 * 1024
 READ_FIRST_CHUNK = 8
-# The most bytes of entries a read's or an export page's script copies itself (ARGV[6]); a larger window or
-# page is read by LRANGE in a WATCHed transaction, tried at most READ_ATTEMPTS times while writes to the
-# conversation overtake it (then a typed 503, ConversationBusy: never a mixed answer).
-READ_COPY_BYTES = 64 * 1024
+# The most bytes of entries a read's or an export page's script copies itself (ARGV[6]): about what the
+# LRANGE of a whole READ_ANSWER_BYTES window holds Valkey (a script's copy costs much more per byte, and
+# more again past it). A larger window or page is read by LRANGE in a WATCHed transaction, tried at most
+# READ_ATTEMPTS times while writes to the conversation overtake it (then a typed 503, ConversationBusy:
+# never a mixed answer).
+READ_COPY_BYTES = 256 * 1024
 READ_ATTEMPTS = 5
 _READ_WINDOW = """#!lua flags=no-writes
 local key, budget = KEYS[1], tonumber(ARGV[2])
