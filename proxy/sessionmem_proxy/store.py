@@ -535,16 +535,15 @@ local n = redis.call('LLEN', key)
 local want = math.min(tonumber(ARGV[1]), n)
 local function planned()
   if want == 0 then return 0, 0, {} end
-  local m = redis.call('LLEN', sizes)
-  if m > n or m == 0 then return nil end
-  local known = redis.call('LRANGE', sizes, -math.min(want, m), -1)
-  local used, taken = 0, 0
+  local known = redis.call('LRANGE', sizes, -want, -1)
+  local used, taken, newest = 0, 0, {}
   for j = #known, 1, -1 do
     local size = tonumber(known[j])
-    if taken > 0 and used + size > budget then return taken, used, known end
+    if taken > 0 and used + size > budget then return taken, used, newest end
     used, taken = used + size, taken + 1
+    newest[taken] = size
   end
-  if taken == want then return taken, used, known end
+  if taken == want then return taken, used, newest end
   return nil
 end
 local function copied()
@@ -575,7 +574,7 @@ if sizes then
     window, taken = k > 0 and redis.call('LRANGE', key, -k, -1) or {}, k
     if #window ~= k then window = nil end
     for i = 1, k do
-      if window and #window[i] ~= tonumber(known[#known - k + i]) then window = nil end
+      if window and #window[i] ~= known[k + 1 - i] then window = nil end
     end
   end
 end
