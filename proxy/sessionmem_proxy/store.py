@@ -286,7 +286,7 @@ local function create(key, a)
   redis.call('RPUSH', key, unpack(ARGV, first, #ARGV))
   redis.call('LTRIM', key, -cap, -1)
   redis.call('EXPIRE', key, ttl)
-  local kept = redis.call('LRANGE', key, 0, -1)
+  local kept = {unpack(ARGV, math.max(first, #ARGV - cap + 1), #ARGV)}
   sizes_push(key, true, kept, cap, ttl)
   local size = 0
   for _, e in ipairs(kept) do size = size + #e end

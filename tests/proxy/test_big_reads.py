@@ -120,6 +120,11 @@ async def test_the_sizes_follow_every_write(store: ConversationStore, valkey_ser
     fork = "mem:team-a/agent:fork"
     await store.create(fork, sync.lrange(KEY, 0, -1), 5, 600, QUOTA)
     aligned(fork)
+    source, trimmed = "mem:team-a/agent:source", "mem:team-a/agent:trimmed"
+    await _fill(store, [10, 20, 30, 40], key=source)
+    created = await store.create(trimmed, sync.lrange(source, 0, -1), 3, 600, QUOTA)  # past the cap
+    assert (created.stored, created.version) == (3, 4)
+    aligned(trimmed)
     await store.delete(KEY)
     assert not sync.exists(KEY, sizes_key_of(KEY))
     await store.pop(fork)
