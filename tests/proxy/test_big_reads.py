@@ -5,7 +5,8 @@ the answer is still of one moment while the conversation is written to, and stil
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
@@ -14,8 +15,10 @@ import pytest
 from sessionmem_core.errors import ConversationBusy
 from sessionmem_core.keys import sizes_key_of
 from sessionmem_proxy.bulk import EXPORT_FIRST_STEP_ENTRIES, EXPORT_MAX_STEP_ENTRIES
+from sessionmem_proxy.resp_client import Arg, Endpoint, PipelinedValkey, Session
 from sessionmem_proxy.store import (
     READ_ANSWER_BYTES,
+    READ_ATTEMPTS,
     READ_COPY_BYTES,
     ConversationStore,
     NewEntry,
@@ -245,3 +248,50 @@ async def test_big_reads_during_writes_are_each_of_one_moment(
     stop.set()
     await writer
     assert sum(await asyncio.gather(*readers)) > 30
+
+
+class _Overtaking(Session):
+    """A held connection after whose every WATCH the watched key is written from another connection, as a
+    busy writer would, ``times`` times."""
+
+    def __init__(self, held: Session, client: PipelinedValkey, times: list[int]) -> None:
+        self._held, self._client, self._times = held, client, times
+
+    async def run(self, *commands: Sequence[Arg]) -> list[Any]:
+        replies = await self._held.run(*commands)
+        if commands[0][0] == "WATCH" and self._times[0] > 0:
+            self._times[0] -= 1
+            await self._client.execute(("PEXPIRE", commands[0][1], 600_000))  # a write: the WATCH fires
+        return replies
+
+
+class _OvertakenClient(PipelinedValkey):
+    def __init__(self, url: str, times: int) -> None:
+        super().__init__(Endpoint.from_url(url), 5.0)
+        self.times = [times]
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[Session]:
+        async with super().exclusive() as held:
+            yield _Overtaking(held, self, self.times)
+
+
+@pytest.mark.parametrize("overtaken", [READ_ATTEMPTS - 1, READ_ATTEMPTS])
+async def test_a_big_read_overtaken_by_writes_is_planned_again_then_refused_whole(
+    store: ConversationStore, valkey_server: ValkeyProcess, overtaken: int
+) -> None:
+    await _fill(store, [300_000] * 20)
+    client = _OvertakenClient(valkey_server.url, overtaken)
+    try:
+        overtaken_store = ConversationStore(client, UsageLedger(client))
+        if overtaken < READ_ATTEMPTS:
+            assert (await overtaken_store.read(KEY, 500)).raw_entries == (await store.read(KEY, 500)).raw_entries
+        else:
+            with pytest.raises(ConversationBusy):
+                await overtaken_store.read(KEY, 500)
+            client.times[0] = READ_ATTEMPTS
+            with pytest.raises(ConversationBusy):
+                await overtaken_store.export_page(KEY, 0, PAGE_BYTES, 4, 256, False)
+        assert client.times == [0], "every attempt was overtaken once"
+    finally:
+        await client.aclose()
