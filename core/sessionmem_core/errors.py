@@ -166,6 +166,16 @@ class BackendUnavailable(SessionMemError):
     status = 503
 
 
+class ConversationBusy(BackendUnavailable):
+    """A read of a large window was overtaken by a write to the same conversation every time it was tried
+    (each attempt is discarded whole, never answered mixed): retry after a moment."""
+
+    error_type = "conversation_busy"
+
+    def headers(self) -> list[tuple[str, str]]:
+        return [("retry-after", "1")]
+
+
 class AuthUnavailable(SessionMemError):
     """The identity service (TokenReview) cannot be reached: we fail closed."""
 

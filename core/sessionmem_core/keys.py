@@ -216,6 +216,16 @@ def usage_keys(space: str) -> tuple[str, str]:
     return f"{USAGE_PREFIX}{{{space}}}:expiry", f"{USAGE_PREFIX}{{{space}}}:bytes"
 
 
+SIZES_PREFIX = f"{KEY_PREFIX}sizes:"
+
+
+def sizes_key_of(conversation_key: str) -> str:
+    """The list of a conversation's entry sizes, kept beside it by every write (``store``), so a read can
+    find its window's bounds without copying the entries. Apart from every space's SCAN pattern (a
+    namespace or registry label holds no ``:``); on a standalone server only (it shares no slot)."""
+    return SIZES_PREFIX + conversation_key.removeprefix(KEY_PREFIX)
+
+
 _BUCKET_IN_KEY = re.compile(r"^mem:[^:]+:u:([0-9a-f]{32}):")
 
 
@@ -242,6 +252,7 @@ _LAYOUTS = (
     re.compile(rf"^mem:(?P<namespace>{_LABEL})/(?P<agent>{_LABEL}):(?P<cid>{_ID})$"),
     re.compile(rf"^mem:shared:(?P<registry>{_LABEL}):(?P<cid>{_ID})$"),
     re.compile(rf"^mem:(?P<namespace>{_LABEL})/(?P<agent>{_LABEL}):u:(?P<bucket>[0-9a-f]{{32}}):(?P<cid>{_ID})$"),
+    re.compile(rf"^mem:sizes:(?:{_LABEL}/{_LABEL}:(?:u:[0-9a-f]{{32}}:)?|shared:{_LABEL}:){_ID}$"),
     re.compile(
         rf"^mem:usage:\{{(?:{_LABEL}/{_LABEL}|shared:{_LABEL})\}}:(?:expiry|bytes|meta|summary|deks|recent(?::[0-9a-f]{{32}})?)$"
     ),
@@ -262,7 +273,8 @@ def conversation_of(agent_prefix: str, key: str) -> tuple[str | None, str] | Non
 
 
 def matches_layout(key: str) -> bool:
-    """True when ``key`` is one of the three layouts above or a usage key (used to audit a Valkey keyspace)."""
+    """True when ``key`` is one of the three layouts above, a conversation's sizes or a usage key (used to
+    audit a Valkey keyspace)."""
     return any(layout.match(key) for layout in _LAYOUTS)
 
 

@@ -20,6 +20,8 @@ Isolation, so that one tenant's slow command never fails another's request:
 - Bounded: at most ``max_pending`` commands wait on one connection and at most ``connections``
   connections are open per kind, so a command finding them all full fails at once (ConnectionError:
   the caller answers 503) instead of queueing without end.
+- A transaction that needs WATCH (whose state is the connection's) runs on a connection held by it
+  alone (``exclusive``): at most ``connections`` of them, kept open between uses.
 
 Nothing is retried except a script the server does not know (NOSCRIPT: loaded, then run again).
 """
@@ -28,9 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import ssl
-from collections.abc import Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -331,6 +334,24 @@ class Script:
             return await self._client.execute(command, writes=self.writes)
 
 
+class Session:
+    """A connection held by one caller (``PipelinedValkey.exclusive``), for commands whose state is the
+    connection's (WATCH, MULTI/EXEC)."""
+
+    def __init__(self, connection: _Connection) -> None:
+        self._connection = connection
+
+    async def run(self, *commands: Sequence[Arg]) -> list[Any]:
+        """The replies of ``commands``, sent in one write. An error reply is raised (the first, once every
+        reply is in); a queued command's error is left in EXEC's reply as it is."""
+        futures = [self._connection.send(pack(command)) for command in commands]
+        replies = await asyncio.gather(*futures, return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        return replies
+
+
 class PipelinedValkey:
     """What the store needs of a Valkey client (``store.ValkeyLike``), for one standalone server."""
 
@@ -349,6 +370,8 @@ class PipelinedValkey:
         self.max_pending = max_pending
         self._reads = _Lane(self)
         self._writes = _Lane(self)
+        self._held: list[_Connection] = []
+        self._holders: asyncio.Semaphore | None = None
 
     @classmethod
     def from_url(cls, url: str, timeout_seconds: float, connections: int = DEFAULT_CONNECTIONS) -> PipelinedValkey:
@@ -400,6 +423,37 @@ class PipelinedValkey:
             raise
         return protocol
 
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[Session]:
+        """A connection for the caller alone until it leaves (at most ``connections`` at once; waiting for
+        one at most the timeout). Kept for the next caller when left clean (no command outstanding, no
+        error), closed otherwise: its WATCH or MULTI state is then unknown."""
+        if self._holders is None:
+            self._holders = asyncio.Semaphore(self.connections)
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self._holders.acquire()
+        except TimeoutError as exc:
+            raise ValkeyTimeoutError(f"no Valkey connection free within {self.timeout:g}s") from exc
+        connection: _Connection | None = None
+        try:
+            while self._held and connection is None:
+                candidate = self._held.pop()
+                if candidate.usable and candidate.live == 0:
+                    connection = candidate
+                else:
+                    candidate.close()
+            if connection is None:
+                connection = await self.open_connection()
+            yield Session(connection)
+            if connection.usable and connection.live == 0:
+                self._held.append(connection)
+                connection = None
+        finally:
+            if connection is not None:
+                connection.close()
+            self._holders.release()
+
     def register_script(self, script: str) -> Script:
         return Script(self, script)
 
@@ -425,3 +479,6 @@ class PipelinedValkey:
     async def aclose(self) -> None:
         self._reads.close()
         self._writes.close()
+        for connection in self._held:
+            connection.close()
+        self._held = []

@@ -20,13 +20,14 @@ from typing import Any, NoReturn, Protocol, TypeVar
 import orjson
 from valkey.asyncio.cluster import ValkeyCluster
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
-from valkey.exceptions import OutOfMemoryError, ValkeyError
+from valkey.exceptions import NoScriptError, OutOfMemoryError, ValkeyError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 from sessionmem_core import env
 from sessionmem_core.api import SUMMARY_ID_PREFIX
 from sessionmem_core.errors import (
     BackendUnavailable,
+    ConversationBusy,
     ConversationExists,
     DataKeyUnavailable,
     InvalidRequest,
@@ -36,7 +37,15 @@ from sessionmem_core.errors import (
     SessionMemError,
     VersionConflict,
 )
-from sessionmem_core.keys import data_key_marks, data_key_space, data_key_unit, new_message_id, usage_keys_of
+from sessionmem_core.keys import (
+    data_key_marks,
+    data_key_space,
+    data_key_unit,
+    new_message_id,
+    sizes_key_of,
+    usage_keys_of,
+)
+from sessionmem_proxy.resp_client import PipelinedValkey, Session
 from sessionmem_proxy.sealing import DataKey, Sealer
 
 _T = TypeVar("_T")
@@ -83,6 +92,7 @@ class _StaleDataKey(Exception):
 # that reads a version uses ``version_of``; ``mark_rewound`` stamps the newest entry, answering the bytes it
 # added.
 _VERSION_FUNCTIONS = """
+local SIZES = nil
 local function version_of(entry)
   if not entry then return 0 end
   local v, r = string.match(entry, '^{"id":"[^"]*","v":(%d+),"rewoundAt":(%d+)')
@@ -95,7 +105,22 @@ local function mark_rewound(key, version)
   rest = string.gsub(rest, '^,"rewoundAt":%d+', '', 1)
   local marked = head .. ',"rewoundAt":' .. version .. rest
   redis.call('LSET', key, -1, marked)
+  if SIZES and redis.call('LLEN', SIZES) > 0 then redis.call('LSET', SIZES, -1, #marked) end
   return #marked - #tail
+end
+local function sizes_push(key, fresh, entries, cap, ttl)
+  if not SIZES then return end
+  if fresh or redis.call('LLEN', SIZES) > redis.call('LLEN', key) - #entries then redis.call('DEL', SIZES) end
+  local sizes = {}
+  for i, e in ipairs(entries) do sizes[i] = #e end
+  if #sizes > 0 then redis.call('RPUSH', SIZES, unpack(sizes)) end
+  redis.call('LTRIM', SIZES, -cap, -1)
+  redis.call('EXPIRE', SIZES, ttl)
+end
+local function sizes_pop(key)
+  if not SIZES then return end
+  redis.call('RPOP', SIZES)
+  if redis.call('EXISTS', key) == 0 then redis.call('DEL', SIZES) end
 end
 local function ttl_of(key)
   return math.max(1, math.floor((redis.call('PTTL', key) + 999) / 1000))
@@ -190,6 +215,7 @@ local function append(key, a)
   end
   v = v + 1
   local length = redis.call('RPUSH', key, unpack(batch))
+  sizes_push(key, not tail, batch, cap, ttl)
   if length > cap then
     for _, gone in ipairs(redis.call('LRANGE', key, 0, length - cap - 1)) do
       added = added - #gone
@@ -220,6 +246,7 @@ local function replace(key, a)
   end
   redis.call('DEL', key)
   redis.call('RPUSH', key, unpack(batch))
+  sizes_push(key, true, batch, cap, ttl)
   redis.call('LTRIM', key, -cap, -1)
   redis.call('EXPIRE', key, ttl)
   local kept = math.min(#batch, cap)
@@ -242,6 +269,7 @@ local function pop(key, a)
   if not tail then return {0, 0, '', 0, 0, 0} end
   local ttl = ttl_of(key)
   redis.call('RPOP', key)
+  sizes_pop(key)
   local length = redis.call('LLEN', key)
   if length == 0 then return {0, 0, tail, 1, -#tail, 0}, 'forget', 0, 0 end
   local delta = mark_rewound(key, v + 1) - #tail
@@ -264,6 +292,7 @@ local function rewind(key, a)
   local removed, delta = 0, 0
   while tail and tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) > to do
     redis.call('RPOP', key)
+    sizes_pop(key)
     removed = removed + 1
     delta = delta - #tail
     tail = redis.call('LINDEX', key, -1)
@@ -286,7 +315,8 @@ local function create(key, a)
   redis.call('RPUSH', key, unpack(ARGV, first, #ARGV))
   redis.call('LTRIM', key, -cap, -1)
   redis.call('EXPIRE', key, ttl)
-  local kept = redis.call('LRANGE', key, 0, -1)
+  local kept = {unpack(ARGV, math.max(first, #ARGV - cap + 1), #ARGV)}
+  sizes_push(key, true, kept, cap, ttl)
   local size = 0
   for _, e in ipairs(kept) do size = size + #e end
   return {version_of(kept[#kept]), #kept}, 'set', size, ttl, #kept
@@ -471,16 +501,16 @@ return data_key_stale(KEYS[1], ARGV[1], ARGV[2]) or -1
 )
 
 # counted(write): a write behind its quota check and with its accounting, one atomic step. KEYS = the
-# conversation, expiries, sizes, then the catalogue's metadata, summaries and index, and for a write that
-# seals the space's data key marks; ARGV = max conversations, max bytes, for a write that seals its unit
+# conversation, expiries, sizes, then the catalogue's metadata, summaries and index, the entry sizes kept
+# beside the conversation (``SIZES``), and for a write that seals the space's data key marks; ARGV = max conversations, max bytes, for a write that seals its unit
 # and DEK id, then the write's own arguments. Answers {0, the write's reply}, or {verdict} when refused
 # (1 or 2: nothing written), or {3, the mark's generation} when the DEK is not the unit's current one.
 _COUNTED_FUNCTION = """
 local function counted(write)
   CATALOGUE = {meta = KEYS[4], summary = KEYS[5], recent = KEYS[6]}
   local a = 3
-  if KEYS[7] then
-    local stale = data_key_stale(KEYS[7], ARGV[3], ARGV[4])
+  if KEYS[8] then
+    local stale = data_key_stale(KEYS[8], ARGV[3], ARGV[4])
     if stale then return {3, stale} end
     a = 5
   end
@@ -513,9 +543,10 @@ def _scripts(function: str, name: str, admitted: bool = True) -> tuple[str, str]
     """A write's two scripts: alone (KEYS = the conversation; its arguments from ARGV[1]), answering its
     reply; and counted (``counted`` above, or ``shrinking`` for a write that is not ``admitted``)."""
     body = _VERSION_FUNCTIONS + function
-    alone = body + f"local reply = {name}(KEYS[1], 1)\nreturn reply\n"
+    alone = body + f"SIZES = KEYS[2]\nlocal reply = {name}(KEYS[1], 1)\nreturn reply\n"
     wrapper, wrap = (_COUNTED_FUNCTION, "counted") if admitted else (_SHRINKING_FUNCTION, "shrinking")
-    return alone, _USAGE_FUNCTIONS + _DATA_KEY_FUNCTIONS + wrapper + body + f"return {wrap}({name})\n"
+    counted = _USAGE_FUNCTIONS + _DATA_KEY_FUNCTIONS + wrapper + body
+    return alone, counted + f"SIZES = KEYS[7]\nreturn {wrap}({name})\n"
 
 
 _APPEND, _APPEND_COUNTED = _scripts(_APPEND_FUNCTION, "append")
@@ -557,6 +588,7 @@ local v = version_of(redis.call('LINDEX', KEYS[1], -1))
 if ARGV[1] ~= '*' and tonumber(ARGV[1]) ~= v then return {-1, v} end
 local n = redis.call('LLEN', KEYS[1])
 redis.call('DEL', KEYS[1])
+if KEYS[2] then redis.call('DEL', KEYS[2]) end
 return {n, v}
 """
 )
@@ -571,6 +603,7 @@ local v = version_of(redis.call('LINDEX', KEYS[1], -1))
 if ARGV[1] ~= '*' and tonumber(ARGV[1]) ~= v then return {-1, v} end
 local n = redis.call('LLEN', KEYS[1])
 redis.call('DEL', KEYS[1])
+if KEYS[7] then redis.call('DEL', KEYS[7]) end
 local now = usage_now()
 usage_prune(KEYS[2], KEYS[3], now)
 usage_apply(KEYS[2], KEYS[3], KEYS[1], 'forget', 0, 0, now)
@@ -587,37 +620,82 @@ return {redis.call('LLEN', KEYS[1]), redis.call('LINDEX', KEYS[1], -1) or '', re
 # A read's answer is bounded by bytes as well as by entries: the newest entries (at most ARGV[1]) that fit in
 # READ_ANSWER_BYTES (ARGV[2]), and always the newest one. So an agent whose entries are large (up to about
 # 1.5 MiB each, MAX_CONTENT_CHARS escaped) makes Valkey build, and the proxy hold, at most this much per
-# read, not limit x entry size (500 x 1 MiB took a worker from 92 MiB to ~830 MiB). Read from the tail in
-# chunks sized from the largest entry so far, starting at READ_FIRST_CHUNK entries. With ARGV[3] (the
-# summary id prefix), also the oldest entry when it is a rolling summary outside the window: {head or '',
-# window, 0}. With KEYS[2] (the catalogue's summaries: standalone only) and ARGV[5] (the conversation key),
-# the conversation's compaction summary instead when it has one: {summary, window, 1}.
+# read, not limit x entry size (500 x 1 MiB took a worker from 92 MiB to ~830 MiB).
+#
+# The window's bounds come from the entry sizes the writes keep beside the list (``sizes_key_of``: the
+# last KEYS, with ARGV[6] the most bytes this script copies itself), so finding them copies no entry. A
+# window of at most ARGV[6] bytes is answered here; a larger one is answered only its length, {'', {}, 0,
+# length}, and read by a plain LRANGE (``ConversationStore._read_big``): a script copying megabytes holds
+# Valkey's one thread many times longer than the LRANGE of the same bytes. Where the sizes do not cover
+# the window (a list written before they were kept, or by hand; ARGV[6] '' on a Cluster), or do not match
+# the entries, the entries are read here from the tail in chunks sized from the largest entry so far,
+# starting at READ_FIRST_CHUNK (ARGV[4]) entries. With ARGV[3] (the summary id prefix), also the oldest
+# entry when it is a rolling summary outside the window: {head or '', window, 0, -1}. With ARGV[5] (the
+# conversation key) and KEYS[2] (the catalogue's summaries: standalone only), the conversation's
+# compaction summary instead when it has one: {summary, window, 1, -1}.
 READ_ANSWER_BYTES = 4 * 1024 * 1024
 READ_FIRST_CHUNK = 8
+# The most bytes of entries a read's or an export page's script copies itself (ARGV[6]): about what the
+# LRANGE of a whole READ_ANSWER_BYTES window holds Valkey (a script's copy costs much more per byte, and
+# more again past it). A larger window or page is read by LRANGE in a WATCHed transaction, tried at most
+# READ_ATTEMPTS times while writes to the conversation overtake it (then a typed 503, ConversationBusy:
+# never a mixed answer).
+READ_COPY_BYTES = 256 * 1024
+READ_ATTEMPTS = 5
 _READ_WINDOW = """#!lua flags=no-writes
 local key, budget = KEYS[1], tonumber(ARGV[2])
+local sizes = ARGV[6] ~= '' and KEYS[#KEYS] or nil
 local n = redis.call('LLEN', key)
 local want = math.min(tonumber(ARGV[1]), n)
-local chunk = math.min(tonumber(ARGV[4]), want)
-local newest, used, taken, largest = {}, 0, 0, 1
-while taken < want do
-  local part = redis.call('LRANGE', key, -(taken + chunk), -(taken + 1))
-  for j = #part, 1, -1 do
-    if taken == want then break end
-    local size = #part[j]
-    if taken > 0 and used + size > budget then want = taken break end
+local function planned()
+  if want == 0 then return 0, 0, {} end
+  local known = redis.call('LRANGE', sizes, -want, -1)
+  local used, taken, newest = 0, 0, {}
+  for j = #known, 1, -1 do
+    local size = tonumber(known[j])
+    if taken > 0 and used + size > budget then return taken, used, newest end
     used, taken = used + size, taken + 1
-    newest[taken] = part[j]
-    if size > largest then largest = size end
+    newest[taken] = size
   end
-  if #part == 0 then break end
-  chunk = math.max(1, math.min(want - taken, math.floor((budget - used) / largest)))
+  if taken == want then return taken, used, newest end
+  return nil
 end
-local window = {}
-for i = taken, 1, -1 do window[#window + 1] = newest[i] end
-if KEYS[2] then
+local function copied()
+  local chunk = math.min(tonumber(ARGV[4]), want)
+  local newest, used, taken, largest, last = {}, 0, 0, 1, want
+  while taken < last do
+    local part = redis.call('LRANGE', key, -(taken + chunk), -(taken + 1))
+    for j = #part, 1, -1 do
+      if taken == last then break end
+      local size = #part[j]
+      if taken > 0 and used + size > budget then last = taken break end
+      used, taken = used + size, taken + 1
+      newest[taken] = part[j]
+      if size > largest then largest = size end
+    end
+    if #part == 0 then break end
+    chunk = math.max(1, math.min(last - taken, math.floor((budget - used) / largest)))
+  end
+  local window = {}
+  for i = taken, 1, -1 do window[#window + 1] = newest[i] end
+  return window, taken
+end
+local window, taken = nil, 0
+if sizes then
+  local k, used, known = planned()
+  if k and used > tonumber(ARGV[6]) then return {'', {}, 0, k} end
+  if k then
+    window, taken = k > 0 and redis.call('LRANGE', key, -k, -1) or {}, k
+    if #window ~= k then window = nil end
+    for i = 1, k do
+      if window and #window[i] ~= known[k + 1 - i] then window = nil end
+    end
+  end
+end
+if not window then window, taken = copied() end
+if ARGV[5] ~= '' and KEYS[2] and KEYS[2] ~= sizes then
   local summary = redis.call('HGET', KEYS[2], ARGV[5])
-  if summary then return {summary, window, 1} end
+  if summary then return {summary, window, 1, -1} end
 end
 local head = ''
 if ARGV[3] ~= '' and n > taken then
@@ -625,7 +703,7 @@ if ARGV[3] ~= '' and n > taken then
   local marker = '{"id":"' .. ARGV[3]
   if string.sub(head, 1, #marker) ~= marker then head = '' end
 end
-return {head, window, 0}
+return {head, window, 0, -1}
 """
 
 # A conversation's compaction summary: KEYS = the catalogue's summaries; ARGV = the conversation key.
@@ -635,32 +713,69 @@ return redis.call('HGET', KEYS[1], ARGV[1]) or ''
 
 # One page of an export in one step, so a page is one round trip and its entries, the list's length and
 # version (and the summary) are of one moment: {length, newest entry or '', the page, the next page's
-# offset or -1, the compaction summary or ''}. From offset ARGV[1], entries until they pass ARGV[2] bytes,
-# read in steps sized from the largest entry so far, from ARGV[3] entries up to ARGV[4] (entries may be
-# large, so the first step is small). With KEYS[2] (the catalogue's summaries: standalone only) and
-# ARGV[5] (the conversation key), also its compaction summary.
+# offset or -1, the compaction summary or '', -1}. From offset ARGV[1], entries until they pass ARGV[2]
+# bytes, taken in steps sized from the largest entry so far, from ARGV[3] entries up to ARGV[4] (entries
+# may be large, so the first step is small). With ARGV[5] (the conversation key) and KEYS[2] (the
+# catalogue's summaries: standalone only), also its compaction summary. As a read's window, the page's
+# bounds come from the sizes kept beside the list (the last KEYS, with ARGV[6] the most bytes this script
+# copies itself): a larger page is answered {length, '', {}, next offset, '', its entries} and read by a
+# plain LRANGE (``ConversationStore._export_big``); where the sizes do not cover it, it is read here.
 _EXPORT_PAGE = """#!lua flags=no-writes
 local key, at, budget = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
-local step, max_step = tonumber(ARGV[3]), tonumber(ARGV[4])
+local first_step, max_step = tonumber(ARGV[3]), tonumber(ARGV[4])
+local sizes = ARGV[6] ~= '' and KEYS[#KEYS] or nil
 local n = redis.call('LLEN', key)
-local tail = n > 0 and redis.call('LINDEX', key, -1) or ''
-local page, taken = {}, 0
-while taken < budget and at < n do
-  local got = redis.call('LRANGE', key, at, math.min(at + step, n) - 1)
-  if #got == 0 then break end
-  local largest = 1
-  for i = 1, #got do
-    local size = #got[i]
-    page[#page + 1] = got[i]
-    taken = taken + size
-    if size > largest then largest = size end
+local page = nil
+if sizes and at < n then
+  local m = redis.call('LLEN', sizes)
+  local base = n - m
+  if m <= n and at >= base then
+    local known, taken, step = {}, 0, first_step
+    while taken < budget and at + #known < n do
+      local from = at - base + #known
+      local got = redis.call('LRANGE', sizes, from, from + math.min(step, n - at - #known) - 1)
+      if #got == 0 then break end
+      local largest = 1
+      for i = 1, #got do
+        local size = tonumber(got[i])
+        known[#known + 1] = size
+        taken = taken + size
+        if size > largest then largest = size end
+      end
+      step = math.max(1, math.min(max_step, math.floor((budget - taken) / largest)))
+    end
+    local after = at + #known
+    if taken > tonumber(ARGV[6]) then return {n, '', {}, after < n and after or -1, '', #known} end
+    page = redis.call('LRANGE', key, at, after - 1)
+    if #page ~= #known then page = nil end
+    for i = 1, #known do
+      if page and #page[i] ~= known[i] then page = nil end
+    end
+    if page then at = after end
   end
-  at = at + #got
-  step = math.max(1, math.min(max_step, math.floor((budget - taken) / largest)))
 end
+if not page then
+  local step = first_step
+  page = {}
+  local taken = 0
+  while taken < budget and at < n do
+    local got = redis.call('LRANGE', key, at, math.min(at + step, n) - 1)
+    if #got == 0 then break end
+    local largest = 1
+    for i = 1, #got do
+      local size = #got[i]
+      page[#page + 1] = got[i]
+      taken = taken + size
+      if size > largest then largest = size end
+    end
+    at = at + #got
+    step = math.max(1, math.min(max_step, math.floor((budget - taken) / largest)))
+  end
+end
+local tail = n > 0 and redis.call('LINDEX', key, -1) or ''
 local summary = ''
-if KEYS[2] then summary = redis.call('HGET', KEYS[2], ARGV[5]) or '' end
-return {n, tail, page, at < n and at or -1, summary}
+if ARGV[5] ~= '' and KEYS[2] and KEYS[2] ~= sizes then summary = redis.call('HGET', KEYS[2], ARGV[5]) or '' end
+return {n, tail, page, at < n and at or -1, summary, -1}
 """
 
 # Record a compaction summary, in the accounting's slot: KEYS = expiries, sizes, the catalogue's three,
@@ -1044,6 +1159,9 @@ class ConversationStore:
         self.sealer = sealer
         # With a ledger on a standalone Valkey every write runs its counted script, otherwise its plain one.
         self._counted = ledger is not None and ledger.atomic
+        # On a standalone server every write also keeps the conversation's entry sizes (``sizes_key_of``),
+        # from which a read finds its window's bounds; a Cluster would put them in another slot.
+        self._sizes = not isinstance(client, ValkeyCluster)
         counted = self._counted
         self._append = client.register_script(_APPEND_COUNTED if counted else _APPEND)
         self._replace = client.register_script(_REPLACE_COUNTED if counted else _REPLACE)
@@ -1113,8 +1231,7 @@ class ConversationStore:
         if limit <= 0:
             raw: list[bytes] = await self._guard(self._client.lrange(key, -1, -1))
             return ReadResult(version=version_of(raw[0]) if raw else 0, raw_entries=[])
-        _head, window, _ = await self._call(self._read_window, key, [limit, READ_ANSWER_BYTES, "", READ_FIRST_CHUNK])
-        raw = list(window)
+        _head, raw, _ = await self._window(key, limit, "", None)
         version = version_of(raw[-1]) if raw else 0
         if self.sealer is not None:
             raw = await self.sealer.open(key, raw)
@@ -1127,17 +1244,15 @@ class ConversationStore:
         if limit <= 0:
             return await self.read(key, 0)
         summaries = usage_keys_of(key)[3] if self.ledger is not None else None
-        args = [limit, READ_ANSWER_BYTES, SUMMARY_ID_PREFIX, READ_FIRST_CHUNK]
         if summaries is not None and self._counted:
-            head, window, compacted = await self._guard(self._read_window(keys=[key, summaries], args=[*args, key]))
+            head, window, compacted = await self._window(key, limit, SUMMARY_ID_PREFIX, summaries)
         else:
             head = await self._guard(self._summary_of(keys=[summaries], args=[key])) if summaries else b""
             compacted = 1 if head else 0
             if head:
-                no_head = [limit, READ_ANSWER_BYTES, "", READ_FIRST_CHUNK]
-                _, window, _ = await self._call(self._read_window, key, no_head)
+                _, window, _ = await self._window(key, limit, "", None)
             else:
-                head, window, _ = await self._call(self._read_window, key, args)
+                head, window, _ = await self._window(key, limit, SUMMARY_ID_PREFIX, None)
         version = version_of(window[-1]) if window else 0
         if int(compacted):
             through = written_at(head)
@@ -1147,6 +1262,70 @@ class ConversationStore:
             summary = await self.sealer.open(key, [head]) if head else []
             return ReadResult(version=version, raw_entries=opened, raw_summary=summary[0] if summary else None)
         return ReadResult(version=version, raw_entries=list(window), raw_summary=head or None)
+
+    async def _window(self, key: str, limit: int, prefix: str, summaries: str | None) -> tuple[bytes, list[bytes], int]:
+        """(head or summary, the window, 1 when the head is the compaction summary) of ``_READ_WINDOW``: in
+        its script when small, else by ``_read_big``."""
+        keys = [key, summaries] if summaries else [key]
+        args: list[Any] = [limit, READ_ANSWER_BYTES, prefix, READ_FIRST_CHUNK, key if summaries else "", ""]
+        if self._sizes:
+            keys.append(sizes_key_of(key))
+            args[5] = READ_COPY_BYTES if isinstance(self._client, PipelinedValkey) else ""
+        head, window, compacted, length = await self._guard(self._read_window(keys=keys, args=args))
+        if int(length) < 0:
+            return bytes(head), list(window), int(compacted)
+        big: tuple[bytes, list[bytes], int] = await self._guard(self._read_big(key, keys, args))
+        return big
+
+    async def _read_big(self, key: str, keys: list[str], args: list[Any]) -> tuple[bytes, list[bytes], int]:
+        """A window too large to copy in a script: its length planned under WATCH (``_READ_WINDOW`` with
+        nothing copied), then the window, its sizes and what goes with it read by plain commands in one
+        MULTI/EXEC, which a write to the conversation in between aborts (planned again). So the answer is
+        of one moment, and within the byte bound the plan found, without Valkey copying it through Lua."""
+        assert isinstance(self._client, PipelinedValkey)
+        sizes, prefix, summaries = keys[-1], args[2], keys[1] if args[4] else None
+        plan = ["EVALSHA_RO", self._read_window.sha, len(keys), *keys, *args[:5], 0]
+        async with self._client.exclusive() as session:
+            for _ in range(READ_ATTEMPTS):
+                planned = await self._planned(session, key, plan)
+                if planned is None:
+                    continue
+                head, window, compacted, length = planned
+                if int(length) < 0:  # the sizes do not cover it (any more): read in the script
+                    await session.run(("UNWATCH",))
+                    return bytes(head), list(window), int(compacted)
+                k = int(length)
+                reads: list[tuple[Any, ...]] = [("LRANGE", key, -k, -1), ("LRANGE", sizes, -k, -1), ("LLEN", key)]
+                if summaries:
+                    reads.append(("HGET", summaries, key))
+                if prefix:
+                    reads.append(("LINDEX", key, 0))
+                done = (await session.run(("MULTI",), *reads, ("EXEC",)))[-1]
+                if done is None:
+                    continue  # a write came between the plan and the read: plan again
+                window, known, n = list(done[0]), done[1], int(done[2])
+                if len(window) != k or any(len(raw) != int(size) for raw, size in zip(window, known, strict=False)):
+                    return await self._window_copied(keys, args)  # sizes not of these entries: written by hand
+                summary = done[3] if summaries else None
+                if summary:
+                    return bytes(summary), window, 1
+                head = done[-1] if prefix and n > k else b""
+                marker = b'{"id":"' + str(prefix).encode()
+                return (bytes(head) if head and head.startswith(marker) else b""), window, 0
+        raise ConversationBusy(f"the conversation changed during each of {READ_ATTEMPTS} reads of its window")
+
+    async def _planned(self, session: Session, key: str, plan: list[Any]) -> Any:
+        """The plan's reply with ``key`` watched from before it; None when the script had to be loaded."""
+        try:
+            return (await session.run(("WATCH", key), plan))[1]
+        except NoScriptError:
+            await session.run(("SCRIPT", "LOAD", _READ_WINDOW if plan[1] == self._read_window.sha else _EXPORT_PAGE))
+            return None
+
+    async def _window_copied(self, keys: list[str], args: list[Any]) -> tuple[bytes, list[bytes], int]:
+        """``_READ_WINDOW`` reading the entries itself (the sizes ignored)."""
+        head, window, compacted, _ = await self._guard(self._read_window(keys=keys, args=[*args[:5], ""]))
+        return bytes(head), list(window), int(compacted)
 
     async def summary_of(self, key: str) -> bytes | None:
         """The conversation's compaction summary as stored, if one was recorded."""
@@ -1266,12 +1445,15 @@ class ConversationStore:
         in one round trip. (With sealing, an entry whose data key was erased is left out, so a page may hold
         fewer than its offsets span.)"""
         summaries = usage_keys_of(key)[3] if summary and self.ledger is not None else None
-        args: list[Any] = [offset, page_bytes, first_step, max_step]
-        if summaries is not None and self._counted:
-            reply = await self._guard(self._export_page(keys=[key, summaries], args=[*args, key]))
-        else:
-            reply = await self._call(self._export_page, key, args)
-        length, tail, raw, next_offset, head = reply
+        keys = [key, summaries] if summaries is not None and self._counted else [key]
+        args: list[Any] = [offset, page_bytes, first_step, max_step, key if len(keys) > 1 else "", ""]
+        if self._sizes:
+            keys.append(sizes_key_of(key))
+            args[5] = READ_COPY_BYTES if isinstance(self._client, PipelinedValkey) else ""
+        reply = await self._guard(self._export_page(keys=keys, args=args))
+        if int(reply[5]) >= 0:
+            reply = await self._guard(self._export_big(key, keys, args))
+        length, tail, raw, next_offset, head = reply[:5]
         if summaries is not None and not self._counted:
             head = await self._guard(self._summary_of(keys=[summaries], args=[key]))
         summary_of = await self._open(key, [bytes(head)]) if head else []
@@ -1282,6 +1464,39 @@ class ConversationStore:
             next_offset=None if int(next_offset) < 0 else int(next_offset),
             raw_summary=summary_of[0] if summary_of else None,
         )
+
+    async def _export_big(self, key: str, keys: list[str], args: list[Any]) -> list[Any]:
+        """An export page too large to copy in a script, read as ``_read_big`` reads a window: planned
+        under WATCH, then read by plain commands in one MULTI/EXEC. Answers ``_EXPORT_PAGE``'s reply."""
+        assert isinstance(self._client, PipelinedValkey)
+        sizes, offset, summaries = keys[-1], int(args[0]), keys[1] if args[4] else None
+        plan = ["EVALSHA_RO", self._export_page.sha, len(keys), *keys, *args[:5], 0]
+        async with self._client.exclusive() as session:
+            for _ in range(READ_ATTEMPTS):
+                planned = await self._planned(session, key, plan)
+                if planned is None:
+                    continue
+                if int(planned[5]) < 0:
+                    await session.run(("UNWATCH",))
+                    return list(planned)
+                n, count, next_offset = int(planned[0]), int(planned[5]), planned[3]
+                last = offset + count - 1
+                reads: list[tuple[Any, ...]] = [
+                    ("LRANGE", key, offset, last),
+                    ("LRANGE", sizes, offset - n, last - n),
+                    ("LINDEX", key, -1),
+                ]
+                if summaries:
+                    reads.append(("HGET", summaries, key))
+                done = (await session.run(("MULTI",), *reads, ("EXEC",)))[-1]
+                if done is None:
+                    continue
+                page, known = list(done[0]), done[1]
+                if len(page) != count or any(len(raw) != int(size) for raw, size in zip(page, known, strict=False)):
+                    return list(await self._guard(self._export_page(keys=keys, args=[*args[:5], ""])))
+                summary = (done[3] or b"") if summaries else b""
+                return [n, done[2] or b"", page, next_offset, summary, -1]
+        raise ConversationBusy(f"the conversation changed during each of {READ_ATTEMPTS} reads of an export page")
 
     async def read_range(self, key: str, start: int, stop: int) -> list[bytes]:
         """Entries ``start`` to ``stop`` (LRANGE indexes, inclusive): one page of an export. (With sealing,
@@ -1316,10 +1531,7 @@ class ConversationStore:
     async def delete(self, key: str, expected_version: int | None = None) -> int:
         """Entries removed; VersionConflict (nothing removed) when ``expected_version`` is not the current."""
         expected = "*" if expected_version is None else str(expected_version)
-        if self._counted:
-            reply = await self._guard(self._delete(keys=[key, *usage_keys_of(key)], args=[expected]))
-        else:
-            reply = await self._call(self._delete, key, [expected])
+        reply = await self._guard(self._delete(keys=self._written(key), args=[expected]))
         removed, version = int(reply[0]), int(reply[1])
         if removed < 0:
             raise VersionConflict(f"conversation is at version {version}, not {expected_version}")
@@ -1429,8 +1641,8 @@ class ConversationStore:
     async def _shrink(self, script: Any, key: str, args: list[Any]) -> Any:
         """The reply of a write that only removes: with its accounting (no quota check) when counted."""
         if not self._counted:
-            return await self._call(script, key, args)
-        reply = await self._guard(script(keys=[key, *usage_keys_of(key)], args=[0, 0, *args]))
+            return await self._guard(script(keys=self._written(key), args=args))
+        reply = await self._guard(script(keys=self._written(key), args=[0, 0, *args]))
         return reply[1]
 
     @staticmethod
@@ -1444,6 +1656,12 @@ class ConversationStore:
 
     async def ping(self) -> None:
         await self._guard(self._client.ping())
+
+    def _written(self, key: str) -> list[str]:
+        """KEYS of a write script: the conversation, its accounting's and catalogue's keys when counted,
+        then its sizes when kept (``SIZES`` of the scripts)."""
+        keys = [key, *usage_keys_of(key)] if self._counted else [key]
+        return [*keys, sizes_key_of(key)] if self._sizes else keys
 
     async def _call(self, script: Any, key: str, args: list[Any]) -> Any:
         return await self._guard(script(keys=[key], args=args))
@@ -1463,11 +1681,12 @@ class ConversationStore:
                 generation = int(await self._guard(self._data_key_check(keys=[marks], args=check)))
                 if generation >= 0:
                     raise _StaleDataKey(generation)
-            return await self._call(script, key, args)
+            return await self._guard(script(keys=self._written(key), args=args))
         if quota is None:
             raise TypeError("a write to a store that accounts its writes needs the writer's storage quota")
         max_conversations, max_bytes = quota.max_conversations, quota.max_bytes
-        keys = [key, *usage_keys_of(key)]
+        # A counted store is a standalone server's, which keeps the sizes: KEYS[7] (``SIZES``), marks KEYS[8].
+        keys = self._written(key)
         if dek is None:
             args = [max_conversations, max_bytes, *args]
         else:

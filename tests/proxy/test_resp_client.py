@@ -244,3 +244,26 @@ def test_any_argument_reaches_the_server_byte_for_byte(valkey_server: ValkeyProc
 
     expected = [v if isinstance(v, bytes) else str(v).encode() for v in values]
     assert asyncio.run(round_trip()) == expected
+
+
+async def test_an_exclusive_connection_keeps_its_watch_and_is_closed_when_left_dirty(
+    client: PipelinedValkey, valkey_server: ValkeyProcess
+) -> None:
+    """WATCH is the connection's state: a held connection sees its transaction aborted by a write made
+    meanwhile on another, and carries out one nobody disturbed. One left with an error is not reused."""
+    async with client.exclusive() as session:
+        await session.run(("WATCH", "w"))
+        await client.execute(("SET", "w", "changed"))  # on the shared write connection
+        assert (await session.run(("MULTI",), ("GET", "w"), ("EXEC",)))[-1] is None
+        await session.run(("WATCH", "w"))
+        assert (await session.run(("MULTI",), ("GET", "w"), ("EXEC",)))[-1] == [b"changed"]
+    with pytest.raises(ResponseError):
+        async with client.exclusive() as session:
+            await session.run(("WATCH", "w"), ("NOSUCHCOMMAND",))
+    deadline = time.monotonic() + 5
+    while [c for c in admin(valkey_server).client_list() if int(c.get("watch", 0))]:  # until the server sees it
+        assert time.monotonic() < deadline, "a connection left watching was kept open"
+        await asyncio.sleep(0.01)
+    async with client.exclusive() as session:  # a fresh connection, nothing watched
+        await client.execute(("SET", "w", "again"))
+        assert (await session.run(("MULTI",), ("GET", "w"), ("EXEC",)))[-1] == [b"again"]
