@@ -112,6 +112,9 @@ local function append(key, a)
   if idem ~= '' then missing = 1 end
   local stored_before = {}
   local original = nil
+  -- An entry holds the key only if these bytes are in it: a plain search rules most entries out, and the
+  -- anchored patterns (several times its cost per entry) run only where it found them.
+  local idem_mark = ',"idempotencyKey":"' .. idem .. '"'
   if tail and missing > 0 then
     local limit = math.min(window, redis.call('LLEN', key))
     local from, chunk, seen_bytes = 1, 4, 0
@@ -121,9 +124,12 @@ local function append(key, a)
       for j = #part, 1, -1 do
         seen_bytes = seen_bytes + #part[j]
         if idem ~= '' then
-          local at, k = string.match(part[j], '^{"id":"[^"]*","v":(%d+),"idempotencyKey":"([^"]*)"')
-          if not k then
-            at, k = string.match(part[j], '^{"id":"[^"]*","v":(%d+),"rewoundAt":%d+,"idempotencyKey":"([^"]*)"')
+          local at, k = nil, nil
+          if string.find(part[j], idem_mark, 1, true) then
+            at, k = string.match(part[j], '^{"id":"[^"]*","v":(%d+),"idempotencyKey":"([^"]*)"')
+            if not k then
+              at, k = string.match(part[j], '^{"id":"[^"]*","v":(%d+),"rewoundAt":%d+,"idempotencyKey":"([^"]*)"')
+            end
           end
           if k == idem then
             original = tonumber(at)
