@@ -3,6 +3,8 @@ user-wide ones (list, clear, erase a user). Each erasure says what it removed.""
 
 from __future__ import annotations
 
+import hashlib
+
 import orjson
 from pydantic import BaseModel
 
@@ -17,7 +19,7 @@ from sessionmem_core.keys import (
     sibling_key,
     usage_keys_of,
 )
-from sessionmem_infra.serving import Reply, memory_reply, model_reply
+from sessionmem_infra.serving import Reply, memory_reply, model_reply, not_modified_reply
 from sessionmem_proxy.admission import ProxyContext, identify
 from sessionmem_proxy.bulk import erase_space, export_page
 from sessionmem_proxy.operations import (
@@ -209,6 +211,9 @@ async def export(ctx: ProxyContext, p: ExportParams, _: BaseModel | None) -> Rep
             page = await export_page(ctx.store, op.key, p.offset, summary=p.offset == 0)
             op.span.entries, op.span.version = len(page.raw_entries), page.version
             summary = page.raw_summary
+            etag = None if page.life is None else export_etag(page.life, page.version, summary)
+            if etag is not None and p.if_none_match == etag:
+                return not_modified_reply(etag, op.scope, page.version)
             body = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[%s],"nextOffset":%s%s}' % (
                 orjson.dumps(op.conversation),
                 op.scope.encode(),
@@ -220,7 +225,14 @@ async def export(ctx: ProxyContext, p: ExportParams, _: BaseModel | None) -> Rep
             await quotas.pace(owner, len(body))
         finally:
             end()
-    return memory_reply(body, op.scope, page.length, page.version)
+    return memory_reply(body, op.scope, page.length, page.version, etag)
+
+
+def export_etag(life: str, version: int, summary: bytes | None) -> str:
+    """An export's ETag: the conversation's, and a digest of the compaction summary it answers (recording
+    one does not move the version)."""
+    digest = None if summary is None else hashlib.blake2b(summary, digest_size=8).hexdigest()
+    return api.etag(life, version, digest)
 
 
 def _catalogue_cursor(cursor: str) -> tuple[int, int] | None:

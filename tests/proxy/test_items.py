@@ -50,7 +50,8 @@ async def test_an_entry_without_an_item_answers_none_and_keeps_its_shape(proxy_p
             "/v1/conversations/plain/entries", json={"entries": [{"role": "tool", "content": "", "id": "t"}]}
         )
         (entry,) = (await client.get("/v1/conversations/plain/entries")).json()["entries"]
-    assert list(entry) == ["id", "v", "role", "content", "author", "ts"]
+    # The newest entry carries the conversation's life id (its ETag's) after its id and version.
+    assert list(entry) == ["id", "v", "life", "role", "content", "author", "ts"]
     assert (entry["role"], entry["content"]) == ("tool", "")
 
 
