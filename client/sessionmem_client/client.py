@@ -109,25 +109,33 @@ class _Client(Generic[_Transport]):
     # --- conditional reads of the framework adapters (``ReadCache``): the request, then the answer ---
 
     def _conditional(
-        self, conversation_id: str, limit: int | None
-    ) -> tuple[Request[wire.History], ReadKey, KeptRead | None]:
-        """The read of ``limit`` entries (None: all, an export), sent with the ETag of the answer kept for it."""
+        self, conversation_id: str, limit: int | None, keep: bool
+    ) -> tuple[Request[wire.History], ReadKey | None, KeptRead | None]:
+        """The read of ``limit`` entries (None: all, an export), sent with the ETag of the answer kept for it;
+        with ``keep`` False, a plain read (neither kept nor sent conditionally)."""
         request = export_read(conversation_id) if limit is None else window_read(conversation_id, limit, False)
+        if self._reads is None or not keep:
+            return request, None, None
         key: ReadKey = (conversation_id, limit, self._options.turn)
-        kept = None if self._reads is None else self._reads.get(key)
+        kept = self._reads.get(key)
         if kept is not None:
             request = dataclasses.replace(request, if_none_match=kept.etag)
         return request, key, kept
 
     def _answered(
-        self, request: Request[wire.History], key: ReadKey, kept: KeptRead | None, reply: Reply, convert: Convert
+        self,
+        request: Request[wire.History],
+        key: ReadKey | None,
+        kept: KeptRead | None,
+        reply: Reply,
+        convert: Convert,
     ) -> tuple[list[Any], bool]:
         """``convert`` of the answer's entries, the kept answer's on a 304, else the new answer's (then kept);
         and whether the objects are the kept ones (the caller copies them before anyone may change them)."""
         if reply.status == api.NOT_MODIFIED and kept is not None:
             return kept.converted_by(convert), True
         entries = decode_entries(request, reply)
-        if self._reads is not None and reply.etag is not None and reply.status == 200:
+        if self._reads is not None and key is not None and reply.etag is not None and reply.status == 200:
             fresh = self._reads.put(key, reply.etag, entries, len(reply.body))
             if fresh is not None:
                 return fresh.converted_by(convert), True
@@ -264,11 +272,14 @@ class MemoryClient(_Client[SyncTransport]):
         entries, kept = self._read_converted(conversation_id, limit, _as_they_are)
         return json_copy(entries) if kept else entries
 
-    def _read_converted(self, conversation_id: str, limit: int | None, convert: Convert) -> tuple[list[Any], bool]:
+    def _read_converted(
+        self, conversation_id: str, limit: int | None, convert: Convert, keep: bool = True
+    ) -> tuple[list[Any], bool]:
         """``convert`` of the latest ``limit`` entries (all when None), asked conditionally: a 304 answers
         what ``convert`` made of the kept answer. A new list; with True, of the kept objects (the same as the
-        last call's), which an adapter copies when its caller may change them."""
-        request, key, kept = self._conditional(conversation_id, limit)
+        last call's), which an adapter copies when its caller may change them. ``keep`` False: an adapter for
+        which keeping the read costs more than it saves (measured: docs/client.md)."""
+        request, key, kept = self._conditional(conversation_id, limit, keep)
         return self._answered(request, key, kept, self._call(request), convert)
 
     def delete(
@@ -466,9 +477,9 @@ class AsyncMemoryClient(_Client[AsyncTransport]):
         return json_copy(entries) if kept else entries
 
     async def _read_converted(
-        self, conversation_id: str, limit: int | None, convert: Convert
+        self, conversation_id: str, limit: int | None, convert: Convert, keep: bool = True
     ) -> tuple[list[Any], bool]:
-        request, key, kept = self._conditional(conversation_id, limit)
+        request, key, kept = self._conditional(conversation_id, limit, keep)
         return self._answered(request, key, kept, await self._call(request), convert)
 
     async def delete(

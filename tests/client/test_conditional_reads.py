@@ -25,8 +25,6 @@ TOOL_TURN: list[Any] = [
     {"role": "assistant", "content": "It ships tomorrow."},
 ]
 
-NEXT: list[Any] = [{"role": "user", "content": "next"}]
-
 
 def _url(launcher: Launcher) -> str:
     return f"http://127.0.0.1:{launcher.memory_port}"
@@ -56,26 +54,38 @@ def statuses() -> Iterator[Statuses]:
     yield Statuses()
 
 
-async def test_an_unchanged_session_is_a_304_and_its_own_appends_keep_it_so(
+def _history(conversation_id: str, client: AsyncMemoryClient) -> SessionmemChatMessageHistory:
+    return SessionmemChatMessageHistory(conversation_id, async_client=client)
+
+
+TURN: list[BaseMessage] = [
+    HumanMessage("where is order 66?"),
+    AIMessage("", tool_calls=[{"name": "lookup", "args": {"order": "66"}, "id": "c1"}]),
+    ToolMessage("ships tomorrow", tool_call_id="c1"),
+    AIMessage("It ships tomorrow."),
+]
+NEXT = [HumanMessage("next")]
+
+
+async def test_an_unchanged_read_is_a_304_and_the_clients_own_appends_keep_it_so(
     launcher: Launcher, statuses: Statuses
 ) -> None:
     async with (
         httpx.AsyncClient(base_url=_url(launcher), event_hooks={"response": [statuses.hook]}) as http,
         AsyncMemoryClient(_url(launcher), http_client=http) as client,
     ):
-        session = SessionmemSession("cond-sdk", client)
-        await session.add_items(TOOL_TURN[:1])
-        first = await session.get_items(limit=40)
-        again = await session.get_items(limit=40)
-        assert again == first == TOOL_TURN[:1]
-        await session.add_items(TOOL_TURN[1:])
-        after: list[Any] = await session.get_items(limit=40)
-        assert after == TOOL_TURN
+        history = _history("cond-async", client)
+        await history.aadd_messages(TURN[:1])
+        first = await history.aget_messages()
+        again = await history.aget_messages()
+        assert again == first == TURN[:1]
+        await history.aadd_messages(TURN[1:])
+        after = await history.aget_messages()
+        assert after == TURN
         assert statuses.take() == [200, 304, 304], "the client's own append moved its kept read on"
-        # The items are the caller's own: changing them changes nothing the client answers next.
-        after[0]["content"] = "changed"
-        after.append({"role": "user", "content": "extra"})
-        assert await session.get_items(limit=40) == TOOL_TURN
+        # A new list each time: the caller's to change.
+        after.append(HumanMessage("extra"))
+        assert await history.aget_messages() == TURN
         assert statuses.take() == [304]
 
 
@@ -87,28 +97,41 @@ async def test_another_writer_and_a_conversation_made_again_are_full_reads(
         AsyncMemoryClient(_url(launcher), http_client=http) as client,
         AsyncMemoryClient(_url(launcher)) as other_client,
     ):
-        mine, theirs = SessionmemSession("cond-two", client), SessionmemSession("cond-two", other_client)
-        await mine.add_items(TOOL_TURN[:2])
-        assert await mine.get_items() == TOOL_TURN[:2]
-        await theirs.add_items(TOOL_TURN[2:3])
-        assert await mine.get_items() == TOOL_TURN[:3]
+        mine, theirs = _history("cond-two", client), _history("cond-two", other_client)
+        await mine.aadd_messages(TURN[:2])
+        assert await mine.aget_messages() == TURN[:2]
+        await theirs.aadd_messages(TURN[2:3])
+        assert await mine.aget_messages() == TURN[:3]
         # Another writer came between the last read and this append: the kept read is not moved on.
-        await theirs.add_items(TOOL_TURN[3:])
-        await mine.add_items(NEXT)
-        assert await mine.get_items() == [*TOOL_TURN, *NEXT]
+        await theirs.aadd_messages(TURN[3:])
+        await mine.aadd_messages(NEXT)
+        assert await mine.aget_messages() == [*TURN, *NEXT]
         assert statuses.take() == [200, 200, 200]
-        assert await mine.get_items() == [*TOOL_TURN, *NEXT]
+        assert await mine.aget_messages() == [*TURN, *NEXT]
         assert statuses.take() == [304]
-        # Erased and written again by the other writer up to the same version, other items.
+        # Erased and written again by the other writer up to the same version, other messages.
         version = (await other_client.info("cond-two")).version
-        await theirs.clear_session()
-        for item in TOOL_TURN[:version]:
-            renewed: list[Any] = [{"role": "user", "content": f"new {item.get('type', 'message')}"}]
-            await theirs.add_items(renewed)
+        await theirs.aclear()
+        renewed = [HumanMessage(f"new {n}") for n in range(version)]
+        for message in renewed:
+            await theirs.aadd_messages([message])
         assert (await other_client.info("cond-two")).version == version
-        again: list[Any] = await mine.get_items()
-        assert [item["content"] for item in again] == [f"new {i.get('type', 'message')}" for i in TOOL_TURN][:version]
+        assert await mine.aget_messages() == renewed
         assert statuses.take() == [200]
+
+
+async def test_a_session_reads_its_items_afresh(launcher: Launcher, statuses: Statuses) -> None:
+    """The Agents SDK session's reads are not kept (docs/client.md): plain reads, fresh items."""
+    async with (
+        httpx.AsyncClient(base_url=_url(launcher), event_hooks={"response": [statuses.hook]}) as http,
+        AsyncMemoryClient(_url(launcher), http_client=http) as client,
+    ):
+        session = SessionmemSession("cond-sdk", client)
+        await session.add_items(TOOL_TURN)
+        first: list[Any] = await session.get_items(limit=40)
+        first[0]["content"] = "changed"
+        assert await session.get_items(limit=40) == TOOL_TURN
+        assert statuses.take() == [200, 200]
 
 
 async def test_a_langchain_history_is_conditional_sync(launcher: Launcher, statuses: Statuses) -> None:

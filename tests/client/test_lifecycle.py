@@ -267,7 +267,9 @@ async def test_the_per_user_example_of_the_docs_runs_as_an_agent(
 async def test_one_users_kept_reads_are_never_anothers(per_user_launcher: Launcher, capability_key: bytes) -> None:
     """One client serving two users' turns (``with_turn``) keeps a read per turn: each user's reads of the
     same conversation id are their own, asked again with their own ETag (a 304 each), never the other's."""
-    from sessionmem_client.openai_agents import SessionmemSession
+    from langchain_core.messages import HumanMessage
+
+    from sessionmem_client.langchain import SessionmemChatMessageHistory
 
     seen: list[int] = []
 
@@ -283,11 +285,13 @@ async def test_one_users_kept_reads_are_never_anothers(per_user_launcher: Launch
             httpx.AsyncClient(base_url=memory_url(per_user_launcher), event_hooks={"response": [hook]}) as http,
             AsyncMemoryClient(memory_url(per_user_launcher), http_client=http, turn=alice_turn) as alice,
         ):
-            bob = alice.with_turn(bob_turn)
-            said: dict[str, list[Any]] = {who: [{"role": "user", "content": f"I am {who}"}] for who in ("Alice", "Bob")}
-            await SessionmemSession("c", alice).add_items(said["Alice"])
-            await SessionmemSession("c", bob).add_items(said["Bob"])
+            users = {"Alice": alice, "Bob": alice.with_turn(bob_turn)}
+            for who, client in users.items():
+                await SessionmemChatMessageHistory("c", async_client=client).aadd_messages(
+                    [HumanMessage(f"I am {who}")]
+                )
             for _ in range(2):
-                assert await SessionmemSession("c", alice).get_items() == said["Alice"]
-                assert await SessionmemSession("c", bob).get_items() == said["Bob"]
+                for who, client in users.items():
+                    read = await SessionmemChatMessageHistory("c", async_client=client).aget_messages()
+                    assert read == [HumanMessage(f"I am {who}")]
     assert seen == [200, 200, 304, 304]
