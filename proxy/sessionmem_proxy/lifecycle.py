@@ -3,8 +3,6 @@ user-wide ones (list, clear, erase a user). Each erasure says what it removed.""
 
 from __future__ import annotations
 
-import hashlib
-
 import orjson
 from pydantic import BaseModel
 
@@ -208,11 +206,12 @@ async def export(ctx: ProxyContext, p: ExportParams, _: BaseModel | None) -> Rep
         end = quotas.open_stream(owner)
         try:
             # The first page carries the compaction summary too: an export answers everything kept.
-            page = await export_page(ctx.store, op.key, p.offset, summary=p.offset == 0)
+            unless = None if p.if_none_match is None else api.etag_parts(p.if_none_match)
+            page = await export_page(ctx.store, op.key, p.offset, summary=p.offset == 0, unless=unless)
             op.span.entries, op.span.version = len(page.raw_entries), page.version
             summary = page.raw_summary
-            etag = None if page.life is None else export_etag(page.life, page.version, summary)
-            if etag is not None and p.if_none_match == etag:
+            etag = None if page.life is None else api.etag(page.life, page.version, page.summary_digest)
+            if etag is not None and (page.unchanged or p.if_none_match == etag):
                 return not_modified_reply(etag, op.scope, page.version)
             body = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[%s],"nextOffset":%s%s}' % (
                 orjson.dumps(op.conversation),
@@ -226,13 +225,6 @@ async def export(ctx: ProxyContext, p: ExportParams, _: BaseModel | None) -> Rep
         finally:
             end()
     return memory_reply(body, op.scope, page.length, page.version, etag)
-
-
-def export_etag(life: str, version: int, summary: bytes | None) -> str:
-    """An export's ETag: the conversation's, and a digest of the compaction summary it answers (recording
-    one does not move the version)."""
-    digest = None if summary is None else hashlib.blake2b(summary, digest_size=8).hexdigest()
-    return api.etag(life, version, digest)
 
 
 def _catalogue_cursor(cursor: str) -> tuple[int, int] | None:

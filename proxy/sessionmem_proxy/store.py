@@ -10,6 +10,7 @@ cap trims old entries (an entry count would stop at the cap).
 from __future__ import annotations
 
 import functools
+import hashlib
 import heapq
 import logging
 import re
@@ -578,10 +579,26 @@ return redis.call('HGET', KEYS[1], ARGV[1]) or ''
 # offset or -1, the compaction summary or ''}. From offset ARGV[1], entries until they pass ARGV[2] bytes,
 # read in steps sized from the largest entry so far, from ARGV[3] entries up to ARGV[4] (entries may be
 # large, so the first step is small). With KEYS[2] (the catalogue's summaries: standalone only) and
-# ARGV[5] (the conversation key), also its compaction summary.
-_EXPORT_PAGE = """#!lua flags=no-writes
+# ARGV[5] (the conversation key), also its compaction summary. With ARGV[6..8] (the life, version and
+# summary digest of an If-None-Match, ``sessionmem_core.api.etag``): {-2} alone, nothing read, when they are
+# the conversation's (the digest: the first 16 hex digits of the stored summary's SHA-1, '' for none).
+_EXPORT_PAGE = (
+    "#!lua flags=no-writes\n"
+    + _VERSION_FUNCTIONS
+    + """
 local key, at, budget = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
 local step, max_step = tonumber(ARGV[3]), tonumber(ARGV[4])
+if ARGV[6] then
+  local newest = redis.call('LINDEX', key, -1)
+  local held = ''
+  if KEYS[2] then held = redis.call('HGET', KEYS[2], ARGV[5]) or '' end
+  local life, digest = '-', ''
+  if newest then life = life_of(newest) end
+  if held ~= '' then digest = string.sub(redis.sha1hex(held), 1, 16) end
+  if life ~= '' and life == ARGV[6] and tostring(version_of(newest)) == ARGV[7] and digest == ARGV[8] then
+    return {-2}
+  end
+end
 local n = redis.call('LLEN', key)
 local tail = n > 0 and redis.call('LINDEX', key, -1) or ''
 local page, taken = {}, 0
@@ -602,6 +619,7 @@ local summary = ''
 if KEYS[2] then summary = redis.call('HGET', KEYS[2], ARGV[5]) or '' end
 return {n, tail, page, at < n and at or -1, summary}
 """
+)
 
 # Record a compaction summary, in the accounting's slot: KEYS = expiries, sizes, the catalogue's three;
 # ARGV = the conversation key, the summary as stored, the conversation's TTL, max conversations, max
@@ -711,6 +729,12 @@ def life_of(raw_newest: bytes | None) -> str | None:
     return match.group(1).decode() if match else None
 
 
+def summary_digest(stored: bytes) -> str:
+    """What an export's ETag holds of its compaction summary: the first 16 hex digits of the SHA-1 of the
+    summary as stored (what the export script computes with ``redis.sha1hex``)."""
+    return hashlib.sha1(stored, usedforsecurity=False).hexdigest()[:16]
+
+
 def written_at(raw_entry: bytes) -> int:
     """The version an entry was written at (its ``v``)."""
     match = _VERSION.match(raw_entry)
@@ -809,6 +833,10 @@ class ExportPage:
     next_offset: int | None
     raw_summary: bytes | None = None
     life: str | None = NO_LIFE
+    # The digest of the summary as stored (``summary_digest``), None without one.
+    summary_digest: str | None = None
+    # The page was not read: the conversation is in the state its If-None-Match named.
+    unchanged: bool = False
 
 
 @dataclass(slots=True)
@@ -1195,18 +1223,32 @@ class ConversationStore:
         return ReadResult(version=version, raw_entries=await self._open(key, raw))
 
     async def export_page(
-        self, key: str, offset: int, page_bytes: int, first_step: int, max_step: int, summary: bool
+        self,
+        key: str,
+        offset: int,
+        page_bytes: int,
+        first_step: int,
+        max_step: int,
+        summary: bool,
+        unless: tuple[str, int, str | None] | None = None,
     ) -> ExportPage:
         """The entries from ``offset`` until they pass ``page_bytes`` (read in steps of ``first_step`` up to
         ``max_step`` entries), the list's length and version, and with ``summary`` its compaction summary,
         in one round trip. (With sealing, an entry whose data key was erased is left out, so a page may hold
-        fewer than its offsets span.)"""
+        fewer than its offsets span.) ``unless``: the (life, version, summary digest) of an If-None-Match;
+        when the conversation is in that state, nothing is read (``ExportPage.unchanged``). Only where
+        the summary is read in the same step (or there is none to read)."""
         summaries = usage_keys_of(key)[3] if summary and self.ledger is not None else None
-        args: list[Any] = [offset, page_bytes, first_step, max_step]
+        args: list[Any] = [offset, page_bytes, first_step, max_step, key]
+        if unless is not None and (summaries is None or self._counted):
+            args += [unless[0], unless[1], unless[2] or ""]
         if summaries is not None and self._counted:
-            reply = await self._guard(self._export_page(keys=[key, summaries], args=[*args, key]))
+            reply = await self._guard(self._export_page(keys=[key, summaries], args=args))
         else:
             reply = await self._call(self._export_page, key, args)
+        if int(reply[0]) == -2:
+            assert unless is not None
+            return ExportPage(0, unless[1], [], None, life=unless[0], summary_digest=unless[2], unchanged=True)
         length, tail, raw, next_offset, head = reply
         if summaries is not None and not self._counted:
             head = await self._guard(self._summary_of(keys=[summaries], args=[key]))
@@ -1218,6 +1260,7 @@ class ConversationStore:
             next_offset=None if int(next_offset) < 0 else int(next_offset),
             raw_summary=summary_of[0] if summary_of else None,
             life=life_of(tail),
+            summary_digest=summary_digest(bytes(head)) if head else None,
         )
 
     async def read_range(self, key: str, start: int, stop: int) -> list[bytes]:
