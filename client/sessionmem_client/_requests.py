@@ -7,7 +7,9 @@ network, percent-encoding, headers, typed errors) lives here once.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any, Generic, Literal, Required, TypedDict, TypeVar, cast
@@ -142,6 +144,9 @@ class Request(Generic[M]):
     # an append is when it carries an idempotency key, or every entry carries its id (old rule).
     idempotent: bool | None = None
     idempotency_key: str | None = None
+    # A conditional read's validator (the ETag of the answer the client holds), and an append's Prefer.
+    if_none_match: str | None = None
+    prefer: str | None = None
 
     @property
     def retry_safe(self) -> bool:
@@ -192,6 +197,7 @@ class Requests:
         entries: list[EntryFields],
         idempotency_key: str | None = None,
         if_version: int | None = None,
+        prefer: str | None = None,
     ) -> Request[wire.AppendResponse]:
         """:meth:`append` for the framework adapters, whose turn it is on: their entries are checked by the
         server, not here (the adapters make the role and the text themselves; the size limits are the
@@ -209,6 +215,7 @@ class Requests:
             if_match=if_match,
             idempotent=identified,
             idempotency_key=idempotency_key,
+            prefer=prefer,
         )
 
     @staticmethod
@@ -381,6 +388,10 @@ class CallOptions:
         headers = self.header_fields(request.body is not None, request.if_match, self.traceparent_of(request))
         if request.idempotency_key is not None:
             headers[IDEMPOTENCY_KEY_HEADER] = request.idempotency_key
+        if request.if_none_match is not None:
+            headers[api.IF_NONE_MATCH_HEADER] = request.if_none_match
+        if request.prefer is not None:
+            headers[api.PREFER_HEADER] = request.prefer
         return headers
 
     def header_fields(self, has_body: bool, if_match: str | None, traceparent: str | None) -> dict[str, str]:
@@ -410,6 +421,7 @@ class Reply:
     status: int
     body: bytes
     retry_after: str | None = None
+    etag: str | None = None
 
 
 DEFAULT_RETRIES = 4
@@ -536,3 +548,161 @@ def decode_window(request: Request[wire.History], reply: Reply) -> list[WindowEn
         error.status = reply.status
         raise error from exc
     return cast(list[WindowEntry], entries)
+
+
+# --- Conditional reads: what a client keeps of the reads its adapters make.
+
+DEFAULT_READ_CACHE_BYTES = 8 * 1024 * 1024
+# A read is kept only while its answer is well inside the bytes a read may answer (``READ_ANSWER_BYTES``
+# of the proxy, 4 MiB stored), so a window the client extends with its own append is the window the proxy
+# would answer (the proxy cuts a larger one at its bytes, stored: sealed entries take more).
+MAX_KEPT_ANSWER_BYTES = 1024 * 1024
+MAX_KEPT_READS = 256
+
+# (conversation id, limit or None for all of it, the turn handle it was read under)
+ReadKey = tuple[str, int | None, str | None]
+
+
+Convert = Callable[[list[dict[str, Any]]], list[Any]]
+
+
+@dataclass(slots=True)
+class KeptRead:
+    """An answer the client holds: its ETag, its entries (the client's own copy), its size in bytes, and
+    what an adapter made of the entries (``convert``: one object per entry, in order) if one did."""
+
+    etag: str
+    entries: list[dict[str, Any]]
+    size: int
+    converted: list[Any] | None = None
+    convert: Convert | None = None
+
+    def converted_by(self, convert: Convert) -> list[Any]:
+        """``convert`` of the entries (kept for the next hit): a new list of the kept objects, which are
+        never changed here and never to be changed by whoever gets them (see ``json_copy``)."""
+        if self.convert is not convert or self.converted is None:
+            self.converted, self.convert = convert(self.entries), convert
+        return list(self.converted)
+
+
+class ReadCache:
+    """The last answer of each read the framework adapters make (a conversation, a window or all of it, the
+    turn it was made for), to send its ETag back (If-None-Match) and take a 304 for it; bounded in answers
+    and bytes (least recently used first out), per client (a client and its ``with_turn`` clones share it,
+    keyed by the turn: one end user's answers are never another's).
+
+    After an append of the client's own that answered its entries (``Prefer: return=representation``),
+    the kept reads of that conversation move to the state right after it, but only when the append's ETag
+    is the one right after theirs (same life, next version): no other write came between. Anything else
+    drops them; the server's ETag decides every time whether what is kept is current, so a kept read is
+    never answered for a state it is not. Safe between threads (the sync client is)."""
+
+    __slots__ = ("_bytes", "_kept", "_lock", "max_bytes")
+
+    def __init__(self, max_bytes: int = DEFAULT_READ_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._kept: OrderedDict[ReadKey, KeptRead] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: ReadKey) -> KeptRead | None:
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None:
+                self._kept.move_to_end(key)
+            return kept
+
+    def holds(self, conversation_id: str, turn: str | None) -> bool:
+        """Whether a read of this conversation (for this turn) is kept: an append then asks for its entries."""
+        with self._lock:
+            return any(key[0] == conversation_id and key[2] == turn for key in self._kept)
+
+    def put(self, key: ReadKey, etag: str, entries: list[dict[str, Any]], size: int) -> KeptRead | None:
+        """Keep ``entries`` (the caller's no longer: they are the cache's now, as ``stored`` is for
+        ``appended``) as the answer tagged ``etag``; what is kept, or None when it is too large to keep."""
+        with self._lock:
+            self._drop(key)
+            if size > MAX_KEPT_ANSWER_BYTES or size > self.max_bytes:
+                return None
+            kept = self._kept[key] = KeptRead(etag, entries, size)
+            self._bytes += size
+            while self._bytes > self.max_bytes or len(self._kept) > MAX_KEPT_READS:
+                self._drop(next(iter(self._kept)))
+            return kept
+
+    def appended(
+        self,
+        conversation_id: str,
+        turn: str | None,
+        etag: str | None,
+        stored: list[dict[str, Any]],
+        size: int,
+        length: int,
+    ) -> None:
+        """Move the kept reads of a conversation on past the client's own append (``stored``: its entries as
+        the server answered them, ``size`` their bytes, ``etag`` the state right after it, ``length`` the
+        entries the conversation holds after it) when the append came right after their state; drop them
+        otherwise. What an adapter made of them is extended with its ``convert`` of the new entries."""
+        after = None if etag is None else api.etag_parts(etag)
+        with self._lock:
+            for key in [key for key in self._kept if key[0] == conversation_id and key[2] == turn]:
+                kept = self._kept[key]
+                before = api.etag_parts(kept.etag)
+                follows = (
+                    after is not None
+                    and before is not None
+                    and before[2] is None  # an answer with a compaction summary is not extended (its summary leads)
+                    and (before[0], before[1] + 1) == (after[0], after[1])
+                )
+                if not follows:
+                    self._drop(key)
+                    continue
+                limit = key[1]
+                entries = [*kept.entries, *stored]
+                wanted = length if limit is None else min(limit, length)
+                if len(entries) < wanted or kept.size + size > MAX_KEPT_ANSWER_BYTES:
+                    self._drop(key)
+                    continue
+                # Bytes in proportion to the entries kept (those the window or the cap let go are gone).
+                new_size = (kept.size + size) * wanted // max(1, len(entries))
+                del entries[: len(entries) - wanted]
+                converted = None
+                if kept.converted is not None and kept.convert is not None:
+                    converted = [*kept.converted, *kept.convert(stored)]
+                    del converted[: len(converted) - wanted]
+                assert etag is not None
+                self._kept[key] = KeptRead(etag, entries, new_size, converted, kept.convert)
+                self._bytes += new_size - kept.size
+            while self._bytes > self.max_bytes:
+                self._drop(next(iter(self._kept)))
+
+    def _drop(self, key: ReadKey) -> None:
+        kept = self._kept.pop(key, None)
+        if kept is not None:
+            self._bytes -= kept.size
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+            self._bytes = 0
+
+
+def json_copy(value: list[Any]) -> list[Any]:
+    """A deep copy of JSON values (what a read's entries and items are), made by orjson: a fraction of
+    ``copy.deepcopy``'s cost, so a kept read is handed out as the caller's own objects."""
+    return cast(list[Any], orjson.loads(orjson.dumps(value)))
+
+
+def appended_entries(request: Request[Any], reply: Reply) -> tuple[list[dict[str, Any]], int] | None:
+    """(the stored entries, the conversation's length) of an append that answered its representation;
+    None when it did not (a retry, duplicates, a server that does not)."""
+    if reply.etag is None or b'"entries":' not in reply.body:
+        return None
+    try:
+        data = orjson.loads(reply.body)
+        entries, length = data["entries"], data["length"]
+        if not isinstance(entries, list) or type(length) is not int:
+            return None
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+    return cast(list[dict[str, Any]], entries), length

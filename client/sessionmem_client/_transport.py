@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sessionmem_client._requests import IDEMPOTENCY_KEY_HEADER, CallOptions, Reply, Request, unreachable
+from sessionmem_core import api
 from sessionmem_core.api import query_string
 from sessionmem_core.errors import InvalidRequest
 from sessionmem_infra.http_client import BlockingHttpClient, HttpClient, HttpResponse
@@ -21,6 +22,21 @@ if TYPE_CHECKING:
 
 
 IDEMPOTENCY_KEY_HEADER_BYTES = IDEMPOTENCY_KEY_HEADER.encode()
+_IF_NONE_MATCH = api.IF_NONE_MATCH_HEADER.encode()
+_PREFER = api.PREFER_HEADER.encode()
+_ETAG = api.ETAG_HEADER.encode()
+
+
+def _per_call(request: Request[Any]) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers that differ from call to call (not kept by ``_HeaderBytes``)."""
+    extra: tuple[tuple[bytes, bytes], ...] = ()
+    if request.idempotency_key is not None:
+        extra += ((IDEMPOTENCY_KEY_HEADER_BYTES, request.idempotency_key.encode("ascii")),)
+    if request.if_none_match is not None:
+        extra += ((_IF_NONE_MATCH, request.if_none_match.encode("ascii")),)
+    if request.prefer is not None:
+        extra += ((_PREFER, request.prefer.encode("ascii")),)
+    return extra
 
 
 def _target(request: Request[Any]) -> str:
@@ -80,12 +96,14 @@ class _LeanErrors:
 
 def _lean_reply(response: HttpResponse) -> Reply:
     if response.status < 400:
-        return Reply(response.status, response.body)
+        return Reply(response.status, response.body, etag=response.header(_ETAG))
     return Reply(response.status, response.body, response.header(b"retry-after"))
 
 
 def _httpx_reply(response: httpx.Response) -> Reply:
-    return Reply(response.status_code, response.content, response.headers.get("retry-after"))
+    return Reply(
+        response.status_code, response.content, response.headers.get("retry-after"), response.headers.get("etag")
+    )
 
 
 def _httpx_arguments(options: CallOptions, request: Request[Any]) -> dict[str, Any]:
@@ -117,8 +135,8 @@ class LeanSync:
 
     def send(self, options: CallOptions, request: Request[Any]) -> Reply:
         headers = self._headers.of(options, request)
-        if request.idempotency_key is not None:
-            headers = (*headers, (IDEMPOTENCY_KEY_HEADER_BYTES, request.idempotency_key.encode("ascii")))
+        if request.idempotency_key is not None or request.if_none_match is not None or request.prefer is not None:
+            headers = (*headers, *_per_call(request))
         with _LeanErrors(options, request):
             response = self._http.request(request.method, _target(request), headers, request.body, request.retry_safe)
         return _lean_reply(response)
@@ -134,8 +152,8 @@ class LeanAsync:
 
     async def send(self, options: CallOptions, request: Request[Any]) -> Reply:
         headers = self._headers.of(options, request)
-        if request.idempotency_key is not None:
-            headers = (*headers, (IDEMPOTENCY_KEY_HEADER_BYTES, request.idempotency_key.encode("ascii")))
+        if request.idempotency_key is not None or request.if_none_match is not None or request.prefer is not None:
+            headers = (*headers, *_per_call(request))
         with _LeanErrors(options, request):
             response = await self._http.request(
                 request.method, _target(request), headers, request.body, request.retry_safe

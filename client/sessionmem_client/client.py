@@ -18,16 +18,22 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from sessionmem_client._requests import (
+    DEFAULT_READ_CACHE_BYTES,
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_SECONDS,
     CallOptions,
+    Convert,
     EntryFields,
     EntryLike,
+    KeptRead,
     M,
+    ReadCache,
+    ReadKey,
     Reply,
     Request,
     Requests,
     WindowEntry,
+    appended_entries,
     check_stored,
     decode,
     decode_entries,
@@ -35,16 +41,21 @@ from sessionmem_client._requests import (
     default_base_url,
     exchange_entries,
     export_read,
+    json_copy,
     retry_delay,
     window_read,
 )
 from sessionmem_client._transport import AsyncTransport, SyncTransport, async_transport, sync_transport
-from sessionmem_core import env, wire
+from sessionmem_core import api, env, wire
 
 if TYPE_CHECKING:  # httpx is loaded only when the caller brings httpx pieces
     import httpx
 
 __all__ = ["AsyncMemoryClient", "MemoryClient"]
+
+
+def _as_they_are(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return entries
 
 
 _Transport = TypeVar("_Transport", SyncTransport, AsyncTransport)
@@ -60,10 +71,15 @@ class _Client(Generic[_Transport]):
         traceparent: str | None,
         propagate_trace_context: bool,
         retries: int,
+        read_cache_bytes: int,
     ) -> None:
         if retries < 0:
             raise ValueError(f"retries must be 0 or more (got {retries})")
+        if read_cache_bytes < 0:
+            raise ValueError(f"read_cache_bytes must be 0 or more (got {read_cache_bytes})")
         self._retries = retries
+        # The adapters' reads, kept to be asked again conditionally (None: off).
+        self._reads = ReadCache(read_cache_bytes) if read_cache_bytes else None
         self._options = CallOptions(
             base_url=base_url or default_base_url(),
             turn=turn,
@@ -90,6 +106,59 @@ class _Client(Generic[_Transport]):
         clone._owns_http = False
         return clone
 
+    # --- conditional reads of the framework adapters (``ReadCache``): the request, then the answer ---
+
+    def _conditional(
+        self, conversation_id: str, limit: int | None, keep: bool
+    ) -> tuple[Request[wire.History], ReadKey | None, KeptRead | None]:
+        """The read of ``limit`` entries (None: all, an export), sent with the ETag of the answer kept for it;
+        with ``keep`` False, a plain read (neither kept nor sent conditionally)."""
+        request = export_read(conversation_id) if limit is None else window_read(conversation_id, limit, False)
+        if self._reads is None or not keep:
+            return request, None, None
+        key: ReadKey = (conversation_id, limit, self._options.turn)
+        kept = self._reads.get(key)
+        if kept is not None:
+            request = dataclasses.replace(request, if_none_match=kept.etag)
+        return request, key, kept
+
+    def _answered(
+        self,
+        request: Request[wire.History],
+        key: ReadKey | None,
+        kept: KeptRead | None,
+        reply: Reply,
+        convert: Convert,
+    ) -> tuple[list[Any], bool]:
+        """``convert`` of the answer's entries, the kept answer's on a 304, else the new answer's (then kept);
+        and whether the objects are the kept ones (the caller copies them before anyone may change them)."""
+        if reply.status == api.NOT_MODIFIED and kept is not None:
+            return kept.converted_by(convert), True
+        entries = decode_entries(request, reply)
+        if self._reads is not None and key is not None and reply.etag is not None and reply.status == 200:
+            fresh = self._reads.put(key, reply.etag, entries, len(reply.body))
+            if fresh is not None:
+                return fresh.converted_by(convert), True
+        return convert(entries), False
+
+    def _prefer(self, conversation_id: str) -> str | None:
+        """An append asks for its entries when a read of its conversation is kept, to move that read on."""
+        reads = self._reads
+        if reads is None or not reads.holds(conversation_id, self._options.turn):
+            return None
+        return api.RETURN_REPRESENTATION
+
+    def _stored(self, conversation_id: str, request: Request[Any], reply: Reply) -> None:
+        """After an append that answered its entries: the kept reads of its conversation moved on (or dropped)."""
+        if self._reads is None or request.prefer is None:
+            return
+        answered = appended_entries(request, reply)
+        if answered is None:
+            self._reads.appended(conversation_id, self._options.turn, None, [], 0, 0)
+            return
+        stored, length = answered
+        self._reads.appended(conversation_id, self._options.turn, reply.etag, stored, len(reply.body), length)
+
 
 class MemoryClient(_Client[SyncTransport]):
     """Synchronous client, over pooled keep-alive connections; safe to share between threads.
@@ -100,7 +169,8 @@ class MemoryClient(_Client[SyncTransport]):
     (a per-call ``traceparent=`` wins); without either, the active OpenTelemetry span is propagated when
     ``propagate_trace_context`` is true. ``timeout``: seconds to connect and for each send or receive.
     ``transport``/``http_client``: send through httpx instead, with your own transport or client (a
-    client passed in is not closed by :meth:`close`).
+    client passed in is not closed by :meth:`close`). ``read_cache_bytes``: how much of the framework
+    adapters' reads the client keeps to ask again conditionally (ETag, 304; 0: none), per client.
     """
 
     def __init__(
@@ -114,8 +184,9 @@ class MemoryClient(_Client[SyncTransport]):
         transport: httpx.BaseTransport | None = None,
         http_client: httpx.Client | None = None,
         retries: int = DEFAULT_RETRIES,
+        read_cache_bytes: int = DEFAULT_READ_CACHE_BYTES,
     ) -> None:
-        super().__init__(base_url, turn, traceparent, propagate_trace_context, retries)
+        super().__init__(base_url, turn, traceparent, propagate_trace_context, retries, read_cache_bytes)
         self._http = sync_transport(self._options.base_url, timeout, transport, http_client)
 
     def _call(self, request: Request[M]) -> Reply:
@@ -146,9 +217,14 @@ class MemoryClient(_Client[SyncTransport]):
         idempotency_key: str | None = None,
         if_version: int | None = None,
     ) -> None:
-        """:meth:`append` for the framework adapters: one batch, checked by the server, nothing returned."""
-        request = Requests.append_batch(conversation_id, entries, idempotency_key, if_version)
-        check_stored(request, self._call(request))
+        """:meth:`append` for the framework adapters: one batch, checked by the server, nothing returned
+        (but the client's kept reads of the conversation moved on past it)."""
+        request = Requests.append_batch(
+            conversation_id, entries, idempotency_key, if_version, self._prefer(conversation_id)
+        )
+        reply = self._call(request)
+        check_stored(request, reply)
+        self._stored(conversation_id, request, reply)
 
     # --- one conversation ---
 
@@ -204,10 +280,20 @@ class MemoryClient(_Client[SyncTransport]):
         return self._send(Requests.replace(conversation_id, entries, if_version, traceparent))
 
     def _read_entries(self, conversation_id: str, limit: int | None) -> list[dict[str, Any]]:
-        """The latest ``limit`` entries (all when None, from an export) as the answer's JSON objects: what
-        the framework adapters turn into their items."""
-        request = export_read(conversation_id) if limit is None else window_read(conversation_id, limit, False)
-        return decode_entries(request, self._call(request))
+        """The latest ``limit`` entries (all when None, from an export) as the answer's JSON objects (the
+        caller's own): what the framework adapters turn into their items."""
+        entries, kept = self._read_converted(conversation_id, limit, _as_they_are)
+        return json_copy(entries) if kept else entries
+
+    def _read_converted(
+        self, conversation_id: str, limit: int | None, convert: Convert, keep: bool = True
+    ) -> tuple[list[Any], bool]:
+        """``convert`` of the latest ``limit`` entries (all when None), asked conditionally: a 304 answers
+        what ``convert`` made of the kept answer. A new list; with True, of the kept objects (the same as the
+        last call's), which an adapter copies when its caller may change them. ``keep`` False: an adapter for
+        which keeping the read costs more than it saves (measured: docs/client.md)."""
+        request, key, kept = self._conditional(conversation_id, limit, keep)
+        return self._answered(request, key, kept, self._call(request), convert)
 
     def delete(
         self, conversation_id: str, if_version: int | None = None, *, traceparent: str | None = None
@@ -329,8 +415,9 @@ class AsyncMemoryClient(_Client[AsyncTransport]):
         transport: httpx.AsyncBaseTransport | None = None,
         http_client: httpx.AsyncClient | None = None,
         retries: int = DEFAULT_RETRIES,
+        read_cache_bytes: int = DEFAULT_READ_CACHE_BYTES,
     ) -> None:
-        super().__init__(base_url, turn, traceparent, propagate_trace_context, retries)
+        super().__init__(base_url, turn, traceparent, propagate_trace_context, retries, read_cache_bytes)
         self._http = async_transport(self._options.base_url, timeout, transport, http_client)
 
     async def _call(self, request: Request[M]) -> Reply:
@@ -359,8 +446,12 @@ class AsyncMemoryClient(_Client[AsyncTransport]):
         idempotency_key: str | None = None,
         if_version: int | None = None,
     ) -> None:
-        request = Requests.append_batch(conversation_id, entries, idempotency_key, if_version)
-        check_stored(request, await self._call(request))
+        request = Requests.append_batch(
+            conversation_id, entries, idempotency_key, if_version, self._prefer(conversation_id)
+        )
+        reply = await self._call(request)
+        check_stored(request, reply)
+        self._stored(conversation_id, request, reply)
 
     async def read(
         self,
@@ -406,8 +497,14 @@ class AsyncMemoryClient(_Client[AsyncTransport]):
         return await self._send(Requests.replace(conversation_id, entries, if_version, traceparent))
 
     async def _read_entries(self, conversation_id: str, limit: int | None) -> list[dict[str, Any]]:
-        request = export_read(conversation_id) if limit is None else window_read(conversation_id, limit, False)
-        return decode_entries(request, await self._call(request))
+        entries, kept = await self._read_converted(conversation_id, limit, _as_they_are)
+        return json_copy(entries) if kept else entries
+
+    async def _read_converted(
+        self, conversation_id: str, limit: int | None, convert: Convert, keep: bool = True
+    ) -> tuple[list[Any], bool]:
+        request, key, kept = self._conditional(conversation_id, limit, keep)
+        return self._answered(request, key, kept, await self._call(request), convert)
 
     async def delete(
         self, conversation_id: str, if_version: int | None = None, *, traceparent: str | None = None

@@ -88,7 +88,7 @@ def entry_to_message(entry: Mapping[str, Any]) -> BaseMessage:
     return ChatMessage(role=role, content=content, id=entry_id)
 
 
-def _messages_of(entries: Sequence[Mapping[str, Any]]) -> list[BaseMessage]:
+def _messages_of(entries: list[dict[str, Any]]) -> list[BaseMessage]:
     """``entry_to_message`` of each entry; the items of a history written by this adapter (all of them
     carry one) converted by one ``messages_from_dict`` call, as LangChain's own histories do."""
     items = [entry.get("item") for entry in entries]
@@ -154,15 +154,17 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
     def _window(self) -> int | None:
         return None if self.window is None or self.window > env.MAX_READ_LIMIT else self.window
 
-    def _select(self, entries: list[dict[str, Any]]) -> list[BaseMessage]:
+    def _select(self, messages: list[BaseMessage]) -> list[BaseMessage]:
         if self.window is not None:
-            entries = entries[-self.window :] if self.window else []
-        return _messages_of(entries)
+            return messages[-self.window :] if self.window else []
+        return messages
 
     @property
     def messages(self) -> list[BaseMessage]:
-        """Every message (the latest ``window`` when set), oldest first, as added (one read)."""
-        return self._select(self._sync()._read_entries(self.conversation_id, self._window()))
+        """Every message (the latest ``window`` when set), oldest first, as added (one read). A new list
+        each time; while the conversation is unchanged (a 304), of the message objects the last read gave,
+        as LangChain's in-memory history gives its own: change a copy, not them."""
+        return self._select(self._sync()._read_converted(self.conversation_id, self._window(), _messages_of)[0])
 
     @messages.setter
     def messages(self, messages: Sequence[BaseMessage]) -> None:
@@ -182,7 +184,9 @@ class SessionmemChatMessageHistory(BaseChatMessageHistory):
     async def aget_messages(self) -> list[BaseMessage]:
         if self._async_client is None:
             return await super().aget_messages()
-        return self._select(await self._async_client._read_entries(self.conversation_id, self._window()))
+        return self._select(
+            (await self._async_client._read_converted(self.conversation_id, self._window(), _messages_of))[0]
+        )
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
         if self._async_client is None:

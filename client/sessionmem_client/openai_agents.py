@@ -15,6 +15,11 @@ next turn's model input is what it would be with the SDK's own sessions, tool tr
 the item's text (message text parts, a tool output, reasoning summaries), which sessionmem's search, token
 budgets and summaries use.
 
+The session's reads are not kept by the client for conditional reads (docs/client.md, "Conditional
+reads"): a window of items is made again from its answer for about what a kept one costs to hand out as
+copies, and moving a kept one past each append costs more than the smaller answer saves (measured on the
+benchmark's turn: +0.05 ms kept).
+
 Conventions are the SDK's sessions': ``get_items()`` returns every item unless ``session_settings.limit``
 (a ``SessionSettings`` or its dict form) or an explicit ``limit`` says otherwise. Each ``add_items`` call is
 one atomic append per 64 items, sent with an ``Idempotency-Key`` of its own, so the client's retries store
@@ -28,7 +33,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sessionmem_client._requests import EntryFields
+from sessionmem_client._requests import EntryFields, json_copy
 from sessionmem_client.client import AsyncMemoryClient
 from sessionmem_core import env
 from sessionmem_core.errors import SessionMemError
@@ -115,6 +120,12 @@ def entry_to_item(entry: Mapping[str, Any]) -> TResponseInputItem:
     return message
 
 
+def _items_of(entries: list[dict[str, Any]]) -> list[TResponseInputItem]:
+    """What a read's entries hold: one item per entry (the client keeps them with the read, to answer an
+    unchanged read without making them again)."""
+    return [entry_to_item(entry) for entry in entries]
+
+
 class SessionmemSession:
     """One sessionmem conversation as an Agents SDK session (``session_id`` is the conversation id).
 
@@ -124,6 +135,8 @@ class SessionmemSession:
     """
 
     session_settings: SessionSettings | None = None
+    # Whether the client keeps this session's reads to ask again conditionally (see the module's doc).
+    _KEEP_READS = False
 
     def __init__(
         self,
@@ -148,10 +161,11 @@ class SessionmemSession:
         if wanted is not None and wanted <= 0:
             return []
         window = wanted if wanted is not None and wanted <= env.MAX_READ_LIMIT else None
-        entries = await self.client._read_entries(self.session_id, window)
+        items, kept = await self.client._read_converted(self.session_id, window, _items_of, self._KEEP_READS)
         if wanted is not None and window is None:
-            entries = entries[-wanted:]
-        return [entry_to_item(entry) for entry in entries]
+            items = items[-wanted:]
+        # The caller's own copies: an agent may change the items it is given, never the client's kept read.
+        return json_copy(items) if kept else items
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Store ``items`` as given: one atomic append per 64 items, each with its own idempotency key."""

@@ -53,6 +53,15 @@ TRACEPARENT_HEADER = "traceparent"
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 # A conditional write's expected version (a read's ``version``); '*' or absent: any.
 IF_MATCH_HEADER = "if-match"
+# Conditional reads (RFC 9110, 13.1.2): a read or export answers its entity tag (``ETAG_HEADER``, made by
+# ``etag``), and one sent back in If-None-Match that is still current is answered 304 without a body.
+IF_NONE_MATCH_HEADER = "if-none-match"
+ETAG_HEADER = "etag"
+NOT_MODIFIED = 304
+# An append that asks for it (``Prefer: return=representation``, RFC 7240) answers the entries as stored,
+# and its ETag: the state right after it, so a client that held the state right before it holds this one.
+PREFER_HEADER = "prefer"
+RETURN_REPRESENTATION = "return=representation"
 # Headers an agent might set to claim an identity; the launcher drops all of them before forwarding.
 IDENTITY_HEADERS = frozenset(
     {
@@ -67,6 +76,27 @@ IDENTITY_HEADERS = frozenset(
         USER_CAPABILITY_HEADER,
     }
 )
+
+
+def etag(life: str, version: int, summary: str | None = None) -> str:
+    """The entity tag of a conversation's state: the id of its life (a new one each time it is created,
+    kept on its newest entry by the same atomic write that makes it, so a conversation erased and created
+    again never repeats an earlier tag at the same version), its version (every write moves it on), and for
+    an answer that carries a compaction summary, a digest of that summary (recording one leaves the version
+    as it is). A strong validator: one tag, one answer, for every read of the same parameters."""
+    tag = f"{life}.{version}" if summary is None else f"{life}.{version}.{summary}"
+    return f'"{tag}"'
+
+
+def etag_parts(value: str) -> tuple[str, int, str | None] | None:
+    """(life, version, summary digest or None) of an entity tag ``etag`` made; None for any other value
+    (a list, a weak tag, ``*``): such a precondition is never met, so the answer is a full one."""
+    if len(value) < 5 or value[0] != '"' or value[-1] != '"':
+        return None
+    parts = value[1:-1].split(".")
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1].isascii() or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1]), parts[2] if len(parts) == 3 else None
 
 
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -220,6 +250,13 @@ _IF_MATCH = Parameter(
     {"type": "string"},
     "Expected version (as returned by a read); '*' or absent: any. A mismatch is a 412 version_conflict",
 )
+_IF_NONE_MATCH = Parameter(
+    IF_NONE_MATCH_HEADER,
+    "header",
+    {"type": "string"},
+    "The ETag of an earlier answer to the same read: while it is current, the answer is a 304 without a body",
+)
+_NOT_MODIFIED = {NOT_MODIFIED: "Not Modified: the If-None-Match ETag is current (no body; the ETag header repeats it)"}
 _CATALOGUE_CURSOR = Parameter(
     "cursor",
     "query",
@@ -253,8 +290,10 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
                 {"type": "boolean", "default": False},
                 "Also return the rolling summary of older turns",
             ),
+            _IF_NONE_MATCH,
         ),
         genai="search_memory",
+        answers=_NOT_MODIFIED,
     ),
     MemoryOperation(
         "append",
@@ -273,6 +312,13 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
                 "duplicate, nothing stored, whatever the ids and If-Match; entry ids may then repeat",
             ),
             _IF_MATCH,
+            Parameter(
+                PREFER_HEADER,
+                "header",
+                {"type": "string"},
+                f"{RETURN_REPRESENTATION}: also answer the entries as stored (entries) and the ETag of the "
+                "conversation right after this append",
+            ),
         ),
         genai="update_memory",
         answers=_VERSION_MISMATCH,
@@ -300,7 +346,9 @@ MEMORY_OPERATIONS: tuple[MemoryOperation, ...] = (
         f"{CONVERSATION_PATH_TEMPLATE}/export",
         "Export a conversation",
         "History",
+        params=(_IF_NONE_MATCH,),
         genai="search_memory",
+        answers=_NOT_MODIFIED,
     ),
     MemoryOperation(
         "info",

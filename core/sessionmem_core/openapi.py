@@ -59,7 +59,11 @@ def _operation(operation: Operation) -> dict[str, Any]:
     else:
         schema = {"type": "object" if "json" in operation.content_type else "string"}
     responses: dict[str, Any] = {"200": {"description": "OK", "content": {operation.content_type: {"schema": schema}}}}
-    responses |= {str(status): _error(operation.errors[status]) for status in sorted(operation.errors)}
+    responses |= {
+        # Below 400 (a 304 Not Modified): no body, only what it means.
+        str(status): _error(text) if status >= 400 else {"description": text}
+        for status, text in sorted(operation.errors.items())
+    }
     document: dict[str, Any] = {
         "operationId": operation.op,
         "summary": operation.summary,

@@ -80,6 +80,11 @@ class AppendResponse(_Model):
         alias="duplicateIds",
         description="Ids of entries not stored by this call: already stored (a retry), or repeated in the batch.",
     )
+    entries: list[Entry] | None = Field(
+        default=None,
+        description="With Prefer: return=representation, when the whole batch was stored: its entries as a read "
+        "answers them (the ETag header is then the conversation's right after this append).",
+    )
 
 
 class Entry(_Model):
@@ -94,6 +99,11 @@ class Entry(_Model):
         default=None,
         alias="rewoundAt",
         description="On the newest entry after a pop or rewind: the version that write gave the conversation.",
+    )
+    life: str | None = Field(
+        default=None,
+        description="On the newest entry of each write: the id of the conversation's life (new each time it is "
+        "created), which its ETag is made of.",
     )
     role: str
     content: str

@@ -418,10 +418,22 @@ def model_reply(model: BaseModel) -> Reply:
     return Reply(200, JSON_HEADERS, model.model_dump_json(by_alias=True).encode())
 
 
-def memory_reply(body: bytes | BaseModel, scope: str, entries: int, version: int | None) -> Reply:
-    """A memory operation's answer: its body plus the headers that repeat scope, entries and version."""
+def memory_reply(
+    body: bytes | BaseModel, scope: str, entries: int, version: int | None, etag: str | None = None
+) -> Reply:
+    """A memory operation's answer: its body plus the headers that repeat scope, entries and version, and
+    its entity tag when it has one (``sessionmem_core.api.etag``)."""
     raw = body if isinstance(body, bytes) else body.model_dump_json(by_alias=True).encode()
-    return Reply(200, memory_headers(scope, entries, version), raw)
+    headers = memory_headers(scope, entries, version)
+    if etag is not None:
+        headers.append((api.ETAG_HEADER, etag))
+    return Reply(200, headers, raw)
+
+
+def not_modified_reply(etag: str, scope: str, version: int) -> Reply:
+    """A conditional read's answer while the caller's ETag is current: 304, the ETag, no body (nor a
+    content type: there is no representation, RFC 9110 15.4.5)."""
+    return Reply(api.NOT_MODIFIED, [(api.ETAG_HEADER, etag), (_SCOPE, scope), (_VERSION, str(version))], b"")
 
 
 def text_reply(body: bytes, content_type: str) -> Reply:

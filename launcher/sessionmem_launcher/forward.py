@@ -15,6 +15,7 @@ the span. A call refused before it could be forwarded (its id, its body, its tur
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -42,6 +43,9 @@ _SCOPE = api.SCOPE_HEADER.encode()
 _LOG = logging.getLogger("sessionmem.launcher")
 _IF_MATCH = api.IF_MATCH_HEADER.encode()
 _IDEMPOTENCY_KEY = api.IDEMPOTENCY_KEY_HEADER.encode()
+_IF_NONE_MATCH = api.IF_NONE_MATCH_HEADER.encode()
+_PREFER = api.PREFER_HEADER.encode()
+_ETAG = api.ETAG_HEADER.encode()
 _RETRY_AFTER = "retry-after"
 # How often a pod's first readiness answer tries the proxy while it waits for it to answer.
 _REACH_RETRY_SECONDS = 0.1
@@ -64,6 +68,8 @@ class CallerHeaders:
     tracestate: str | None = None
     if_match: str | None = None
     idempotency_key: str | None = None
+    if_none_match: str | None = None
+    prefer: str | None = None
 
     @classmethod
     def of(cls, get: _HeaderGetter, capability: str | None) -> CallerHeaders:
@@ -73,6 +79,8 @@ class CallerHeaders:
             tracestate=get("tracestate"),
             if_match=get(api.IF_MATCH_HEADER),
             idempotency_key=get(api.IDEMPOTENCY_KEY_HEADER),
+            if_none_match=get(api.IF_NONE_MATCH_HEADER),
+            prefer=get(api.PREFER_HEADER),
         )
 
 
@@ -87,8 +95,10 @@ class MemoryReply:
     scope: str | None = None
     entries: int | None = None
     version: int | None = None
-    # What the answer tells the agent besides its body: when to retry a 429 or a 503 (Retry-After).
+    # What the answer tells the agent besides its body: when to retry a 429 or a 503 (Retry-After), and the
+    # entity tag of what it answers (a read's, an export's, an append's that answered its entries).
     retry_after: str | None = None
+    etag: str | None = None
 
 
 def _refusal(error: SessionMemError) -> MemoryReply:
@@ -273,19 +283,21 @@ class Forwarder:
         after ``_EXPORT_ATTEMPTS`` answers what it has with the first page's version, so a write
         conditional on it fails rather than replacing what the export missed."""
         own = [(name, value) for name, value in query if name != api.OFFSET_PARAM]
+        # If-None-Match is the first page's: the ETag of a joined document is its first page's.
+        later = dataclasses.replace(caller, if_none_match=None)
         for _attempt in range(_EXPORT_ATTEMPTS):
             first = await self._send("GET", "export", path, own, None, caller)
             if first.status != 200 or first.body.endswith(_LAST_PAGE_END):
-                # One page is the whole conversation: the proxy's document as it came, not decoded (as a
-                # read's answer is passed on).
+                # One page is the whole conversation (or a 304): the proxy's answer as it came, not decoded
+                # (as a read's answer is passed on).
                 return first
             document = _export_page(first, 0)
             entries: list[object] = document["entries"]
             offset, consistent = document["nextOffset"], True
             if offset is None:
-                return MemoryReply(200, first.body, first.scope, len(entries), first.version)
+                return MemoryReply(200, first.body, first.scope, len(entries), first.version, etag=first.etag)
             while offset is not None:
-                page = await self._send("GET", "export", path, [*own, (api.OFFSET_PARAM, str(offset))], None, caller)
+                page = await self._send("GET", "export", path, [*own, (api.OFFSET_PARAM, str(offset))], None, later)
                 if page.status != 200:
                     return page
                 more = _export_page(page, offset)
@@ -297,7 +309,9 @@ class Forwarder:
             if consistent:
                 break
         document["entries"], document["nextOffset"] = entries, None
-        return MemoryReply(200, orjson.dumps(document), first.scope, len(entries), first.version)
+        # Pages of one version are the first page's state: its ETag; pages that never agreed have none.
+        etag = first.etag if consistent else None
+        return MemoryReply(200, orjson.dumps(document), first.scope, len(entries), first.version, etag=etag)
 
     async def _send(
         self,
@@ -329,6 +343,10 @@ class Forwarder:
             headers.append((_IF_MATCH, caller.if_match.encode("latin-1")))
         if caller.idempotency_key is not None:
             headers.append((_IDEMPOTENCY_KEY, caller.idempotency_key.encode("latin-1")))
+        if caller.if_none_match is not None:
+            headers.append((_IF_NONE_MATCH, caller.if_none_match.encode("latin-1")))
+        if caller.prefer is not None:
+            headers.append((_PREFER, caller.prefer.encode("latin-1")))
         try:
             # The transport bounds the call (SESSIONMEM_PROXY_CONNECT_TIMEOUT_SECONDS, ..._PROXY_TIMEOUT_SECONDS).
             response = await self._http.request(method, target, headers, body, idempotent)
@@ -349,6 +367,7 @@ class Forwarder:
             _int_header(response, api.ENTRIES_HEADER),
             _int_header(response, api.VERSION_HEADER),
             response.header(_RETRY_AFTER.encode()) if response.status in (429, 503) else None,
+            response.header(_ETAG) if response.status < 400 else None,
         )
 
     async def reach(self, seconds: float) -> bool:

@@ -222,9 +222,14 @@ class MemoryEndpoint:
         else:
             query = api.parse_query(scope.query_string)
             reply = await self._forwarder.forward(op, conversation, caller, query, body)
+        if reply.status == api.NOT_MODIFIED:  # no body, so no content type (RFC 9110, 15.4.5)
+            proto.response_bytes(reply.status, [(api.ETAG_HEADER, reply.etag or "")], b"")
+            return
         answer_headers = json_headers(reply.status)
         if reply.retry_after is not None:
             answer_headers = [*answer_headers, ("retry-after", reply.retry_after)]
+        if reply.etag is not None:
+            answer_headers = [*answer_headers, (api.ETAG_HEADER, reply.etag)]
         proto.response_bytes(reply.status, answer_headers, reply.body)
 
     def _capability_of(self, scope: Scope) -> str | None:

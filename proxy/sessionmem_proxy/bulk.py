@@ -21,13 +21,19 @@ EXPORT_FIRST_STEP_ENTRIES = 4
 EXPORT_MAX_STEP_ENTRIES = 256
 
 
-async def export_page(store: ConversationStore, key: str, offset: int, summary: bool = False) -> ExportPage:
+async def export_page(
+    store: ConversationStore,
+    key: str,
+    offset: int,
+    summary: bool = False,
+    unless: tuple[str, int, str | None] | None = None,
+) -> ExportPage:
     """One export page from ``offset`` (its next page's offset None once it reached the end), with the
     list's length and version, in one round trip; with ``summary``, also the compaction summary. Not a
     snapshot across pages: entries written or trimmed between pages shift the offsets, so a busy
-    conversation's export may repeat or miss an entry at a page edge."""
+    conversation's export may repeat or miss an entry at a page edge. ``unless``: as the store takes it."""
     return await store.export_page(
-        key, offset, EXPORT_PAGE_BYTES, EXPORT_FIRST_STEP_ENTRIES, EXPORT_MAX_STEP_ENTRIES, summary
+        key, offset, EXPORT_PAGE_BYTES, EXPORT_FIRST_STEP_ENTRIES, EXPORT_MAX_STEP_ENTRIES, summary, unless
     )
 
 

@@ -17,7 +17,7 @@ from sessionmem_core.keys import (
     sibling_key,
     usage_keys_of,
 )
-from sessionmem_infra.serving import Reply, memory_reply, model_reply
+from sessionmem_infra.serving import Reply, memory_reply, model_reply, not_modified_reply
 from sessionmem_proxy.admission import ProxyContext, identify
 from sessionmem_proxy.bulk import erase_space, export_page
 from sessionmem_proxy.operations import (
@@ -198,9 +198,13 @@ async def export(ctx: ProxyContext, p: ExportParams, _: BaseModel | None) -> Rep
         end = quotas.open_stream(owner)
         try:
             # The first page carries the compaction summary too: an export answers everything kept.
-            page = await export_page(ctx.store, op.key, p.offset, summary=p.offset == 0)
+            unless = None if p.if_none_match is None else api.etag_parts(p.if_none_match)
+            page = await export_page(ctx.store, op.key, p.offset, summary=p.offset == 0, unless=unless)
             op.span.entries, op.span.version = len(page.raw_entries), page.version
             summary = page.raw_summary
+            etag = None if page.life is None else api.etag(page.life, page.version, page.summary_digest)
+            if etag is not None and (page.unchanged or p.if_none_match == etag):
+                return not_modified_reply(etag, op.scope, page.version)
             body = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[%s],"nextOffset":%s%s}' % (
                 orjson.dumps(op.conversation),
                 op.scope.encode(),
@@ -212,7 +216,7 @@ async def export(ctx: ProxyContext, p: ExportParams, _: BaseModel | None) -> Rep
             await quotas.pace(owner, len(body))
         finally:
             end()
-    return memory_reply(body, op.scope, page.length, page.version)
+    return memory_reply(body, op.scope, page.length, page.version, etag)
 
 
 def _catalogue_cursor(cursor: str) -> tuple[int, int] | None:

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from sessionmem_core import api, env, wire
 from sessionmem_core.errors import InvalidRequest
 from sessionmem_core.keys import Scope
-from sessionmem_infra.serving import Reply, memory_reply
+from sessionmem_infra.serving import Reply, memory_reply, not_modified_reply
 from sessionmem_proxy.admission import AgentIdentity, Operation, ProxyContext, conversation_operation
 from sessionmem_proxy.redaction import strings_of, with_strings
 from sessionmem_proxy.store import EntryToStore, NewEntry
@@ -216,6 +216,8 @@ def parse_if_match(if_match: str | None) -> int | None:
 
 
 IDEMPOTENCY_KEY = from_contract("append", api.IDEMPOTENCY_KEY_HEADER, "idempotency_key")
+IF_NONE_MATCH = from_contract("get", api.IF_NONE_MATCH_HEADER, "if_none_match")
+PREFER = from_contract("append", api.PREFER_HEADER)
 
 CALLER = (AUTHORIZATION, TRACEPARENT)
 NAMESPACE = Param(
@@ -358,20 +360,22 @@ class ConversationParams:
 @declared
 @dataclass(slots=True)
 class ReadParams(ConversationParams):
-    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, READ_LIMIT, SUMMARY)
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, READ_LIMIT, SUMMARY, IF_NONE_MATCH)
     limit: int
     summary: bool
+    if_none_match: str | None
 
 
 @declared
 @dataclass(slots=True)
 class AppendParams(ConversationParams):
-    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, *WRITE, IDEMPOTENCY_KEY, IF_MATCH)
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, *WRITE, IDEMPOTENCY_KEY, IF_MATCH, PREFER)
     cap: int
     ttl_seconds: int
     redact: str
     idempotency_key: str | None
     if_match: str | None
+    prefer: str | None
 
 
 @declared
@@ -419,8 +423,9 @@ class SearchParams(ConversationParams):
 @declared
 @dataclass(slots=True)
 class ExportParams(ConversationParams):
-    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, EXPORT_OFFSET)
+    PARAMS: ClassVar[tuple[Param, ...]] = (*CONVERSATION, EXPORT_OFFSET, IF_NONE_MATCH)
     offset: int
+    if_none_match: str | None
 
 
 @declared
@@ -577,6 +582,10 @@ async def read_entries(ctx: ProxyContext, p: ReadParams, _: BaseModel | None) ->
         store = ctx.store
         result = await (store.read_with_summary(op.key, limit) if p.summary else store.read(op.key, limit))
         op.span.entries, op.span.version = len(result.raw_entries), result.version
+        # A read with the summary has no ETag: recording a summary leaves the version as it is.
+        etag = None if p.summary or result.life is None else api.etag(result.life, result.version)
+        if etag is not None and p.if_none_match == etag:
+            return not_modified_reply(etag, op.scope, result.version)
         summary_part = (b',"summary":' + result.raw_summary) if result.raw_summary else b""
         body = b"".join(
             (
@@ -593,7 +602,7 @@ async def read_entries(ctx: ProxyContext, p: ReadParams, _: BaseModel | None) ->
             )
         )
         ctx.quotas.charge(op.identity.owner, len(body))
-        return memory_reply(body, op.scope, len(result.raw_entries), result.version)
+        return memory_reply(body, op.scope, len(result.raw_entries), result.version, etag)
 
 
 async def append_entries(ctx: ProxyContext, p: AppendParams, body: BaseModel | None) -> Reply:
@@ -609,11 +618,13 @@ async def append_entries(ctx: ProxyContext, p: AppendParams, body: BaseModel | N
             quota=op.limits,
             idempotency_key=p.idempotency_key,
             expected_version=expected,
+            represent=p.prefer == api.RETURN_REPRESENTATION,
         )
         op.span.entries, op.span.version = result.stored, result.version
         duplicate = b"true" if result.duplicate else b"false"
+        stored = result.raw_entries
         return memory_reply(
-            b'{"version":%d,"stored":%d,"duplicate":%s,"scope":"%s","length":%d,"duplicateIds":%s}'
+            b'{"version":%d,"stored":%d,"duplicate":%s,"scope":"%s","length":%d,"duplicateIds":%s%s}'
             % (
                 result.version,
                 result.stored,
@@ -621,8 +632,11 @@ async def append_entries(ctx: ProxyContext, p: AppendParams, body: BaseModel | N
                 op.scope.encode(),
                 result.length,
                 orjson.dumps(result.duplicate_ids) if result.duplicate_ids else b"[]",
+                b"" if stored is None else b',"entries":[' + b",".join(stored) + b"]",
             ),
             op.scope,
             result.stored,
             result.version,
+            # The state right after this append, which the stored entries complete (only when they are answered).
+            None if stored is None or result.life is None else api.etag(result.life, result.version),
         )

@@ -1,8 +1,9 @@
 """Encryption at rest: the proxy seals what an entry says before it reaches Valkey and opens it on read.
 
-A stored entry keeps its id and version in clear, where the scripts find them, and seals the rest (role,
-content, author, time and whatever else the entry carries) with AES-256-GCM under its unit's data key
-(``datakeys``):
+A stored entry keeps its id and version in clear, where the scripts find them (and the stamps the scripts
+write after them: ``rewoundAt``, ``idempotencyKey``, the conversation's random ``life`` id), and seals the
+rest (role, content, author, time and whatever else the entry carries) with AES-256-GCM under its unit's
+data key (``datakeys``):
 
     {"id":"<id>","v":<version>,"sealed":"<base64: 0x01, DEK id (8 bytes), nonce (12), ciphertext+tag>"}
 
@@ -67,7 +68,7 @@ _FORMAT = b"\x01"
 _HEADER_BYTES = 1 + DEK_ID_BYTES
 # What the scripts stamp on a stored entry after its id and version, and read there (``store``): kept in
 # clear, in front of the sealed part, in this order.
-_CLEAR_STAMPS = rb'(?:,"rewoundAt":\d+)?(?:,"idempotencyKey":"[^"]*")?'
+_CLEAR_STAMPS = rb'(?:,"rewoundAt":\d+)?(?:,"idempotencyKey":"[^"]*")?(?:,"life":"[^"]*")?'
 # A sealed entry: its clear head, then this mark, the sealed part in base64 and the closing '"}'.
 _SEALED_MARK = b',"sealed":"'
 _MARK_OFFSET = len(_SEALED_MARK) - 1  # from the sealed part's mark to the quote that opens its base64

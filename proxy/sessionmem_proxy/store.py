@@ -9,6 +9,7 @@ cap trims old entries (an entry count would stop at the cap).
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import logging
 import re
@@ -90,7 +91,9 @@ class _StaleDataKey(Exception):
 # The version of a conversation is read from its newest entry: its ``v``, or the ``rewoundAt`` a pop or a
 # rewind wrote on it (they are writes, so they move the version on without writing an entry). Every script
 # that reads a version uses ``version_of``; ``mark_rewound`` stamps the newest entry, answering the bytes it
-# added.
+# added. The newest entry also carries the id of the conversation's life (``life_of``; ``sessionmem_core.api.etag``):
+# a new one (the write's ARGV) when a write creates the conversation, else the one its newest entry had,
+# stamped by every write that makes a new newest entry (``restamp``), so it always sits on the newest.
 _VERSION_FUNCTIONS = """
 local SIZES = nil
 local function version_of(entry)
@@ -99,11 +102,26 @@ local function version_of(entry)
   if v then return math.max(tonumber(v), tonumber(r)) end
   return tonumber(string.match(entry, '^{"id":"[^"]*","v":(%d+)')) or 0
 end
-local function mark_rewound(key, version)
+local function life_of(entry)
+  if not entry then return '' end
+  local rest = string.match(string.sub(entry, 1, 1024), '^{"id":"[^"]*","v":%d+(.*)$') or ''
+  rest = string.gsub(rest, '^,"rewoundAt":%d+', '', 1)
+  rest = string.gsub(rest, '^,"idempotencyKey":"[^"]*"', '', 1)
+  return string.match(rest, '^,"life":"([^"]*)"') or ''
+end
+local function restamp(key, rewound, life)
   local tail = redis.call('LINDEX', key, -1)
   local head, rest = string.match(tail, '^({"id":"[^"]*","v":%d+)(.*)$')
   rest = string.gsub(rest, '^,"rewoundAt":%d+', '', 1)
-  local marked = head .. ',"rewoundAt":' .. version .. rest
+  local stamps = ''
+  if rewound then stamps = ',"rewoundAt":' .. rewound end
+  local idem = string.match(rest, '^,"idempotencyKey":"[^"]*"')
+  if idem then
+    stamps = stamps .. idem
+    rest = string.sub(rest, #idem + 1)
+  end
+  rest = string.gsub(rest, '^,"life":"[^"]*"', '', 1)
+  local marked = head .. stamps .. ',"life":"' .. life .. '"' .. rest
   redis.call('LSET', key, -1, marked)
   if SIZES and redis.call('LLEN', SIZES) > 0 then redis.call('LSET', SIZES, -1, #marked) end
   return #marked - #tail
@@ -122,13 +140,17 @@ local function sizes_pop(key)
   redis.call('RPOP', SIZES)
   if redis.call('EXISTS', key) == 0 then redis.call('DEL', SIZES) end
 end
+local function mark_rewound(key, version, life)
+  return restamp(key, version, life)
+end
 local function ttl_of(key)
   return math.max(1, math.floor((redis.call('PTTL', key) + 999) / 1000))
 end
 """
 
 # append(key, a): ARGV from ``a`` on holds cap, ttl, window entries, window bytes, chunk, the append's
-# idempotency key ('' for none), the expected version ('*' for any), then (id, client?, rest) triples,
+# idempotency key ('' for none), the expected version ('*' for any), a new life id (used when the append
+# creates the conversation), then (id, client?, rest) triples,
 # client? '1' when the id came from the client and identifies a retry (a minted id cannot be a retry;
 # with an idempotency key ids may repeat). With a key, an append whose key is stored in the retry window
 # (on the first entry of its original) is a retry, answered with its original's version and nothing
@@ -136,12 +158,12 @@ end
 # expecting another version than the conversation's stores nothing: {-1, current version, length}.
 # Without a key, each entry is judged on its own: an id already stored in the retry window, or earlier in
 # the same batch, is skipped; the rest are stored. Answers {version, stored, length, duplicate ids, bytes
-# added (net of what the cap trimmed), 1 when the conversation was new}.
+# added (net of what the cap trimmed), 1 when the conversation was new, its life id}.
 _APPEND_FUNCTION = """
 local function append(key, a)
   local cap, ttl, window = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local window_bytes, max_chunk, idem = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5]
-  local expected, first = ARGV[a + 6], a + 7
+  local expected, fresh_life, first = ARGV[a + 6], ARGV[a + 7], a + 8
   local tail = redis.call('LINDEX', key, -1)
   local v = 0
   if tail then v = version_of(tail) end
@@ -156,6 +178,9 @@ local function append(key, a)
   if idem ~= '' then missing = 1 end
   local stored_before = {}
   local original = nil
+  -- An entry holds the key only if these bytes are in it: a plain search rules most entries out, and the
+  -- anchored patterns (several times its cost per entry) run only where it found them.
+  local idem_mark = ',"idempotencyKey":"' .. idem .. '"'
   if tail and missing > 0 then
     local limit = math.min(window, redis.call('LLEN', key))
     local from, chunk, seen_bytes = 1, 4, 0
@@ -165,9 +190,12 @@ local function append(key, a)
       for j = #part, 1, -1 do
         seen_bytes = seen_bytes + #part[j]
         if idem ~= '' then
-          local at, k = string.match(part[j], '^{"id":"[^"]*","v":(%d+),"idempotencyKey":"([^"]*)"')
-          if not k then
-            at, k = string.match(part[j], '^{"id":"[^"]*","v":(%d+),"rewoundAt":%d+,"idempotencyKey":"([^"]*)"')
+          local at, k = nil, nil
+          if string.find(part[j], idem_mark, 1, true) then
+            at, k = string.match(part[j], '^{"id":"[^"]*","v":(%d+),"idempotencyKey":"([^"]*)"')
+            if not k then
+              at, k = string.match(part[j], '^{"id":"[^"]*","v":(%d+),"rewoundAt":%d+,"idempotencyKey":"([^"]*)"')
+            end
           end
           if k == idem then
             original = tonumber(at)
@@ -190,12 +218,12 @@ local function append(key, a)
   if original then
     local ids = {}
     for i = first, #ARGV, 3 do ids[#ids + 1] = ARGV[i] end
-    return {original, 0, redis.call('LLEN', key), ids, 0, 0}
+    return {original, 0, redis.call('LLEN', key), ids, 0, 0, life_of(tail)}
   end
   if expected ~= '*' and tonumber(expected) ~= v then
-    return {-1, v, redis.call('LLEN', key), {}, 0, 0}
+    return {-1, v, redis.call('LLEN', key), {}, 0, 0, life_of(tail)}
   end
-  local batch, duplicates, taken = {}, {}, {}
+  local batch, rests, duplicates, taken = {}, {}, {}, {}
   local added = 0
   local mark = ''
   if idem ~= '' then mark = ',"idempotencyKey":"' .. idem .. '"' end
@@ -205,13 +233,20 @@ local function append(key, a)
       duplicates[#duplicates + 1] = id
     else
       taken[id] = true
-      batch[#batch + 1] = '{"id":"' .. id .. '","v":' .. (v + 1) .. mark .. ARGV[i + 2]
+      batch[#batch + 1] = '{"id":"' .. id .. '","v":' .. (v + 1) .. mark
+      rests[#batch] = ARGV[i + 2]
       mark = ''
-      added = added + #batch[#batch]
     end
   end
+  local life = life_of(tail)
   if #batch == 0 then
-    return {v, 0, redis.call('LLEN', key), duplicates, 0, 0}
+    return {v, 0, redis.call('LLEN', key), duplicates, 0, 0, life}
+  end
+  if life == '' then life = fresh_life end
+  batch[#batch] = batch[#batch] .. ',"life":"' .. life .. '"'
+  for k = 1, #batch do
+    batch[k] = batch[k] .. rests[k]
+    added = added + #batch[k]
   end
   v = v + 1
   local length = redis.call('RPUSH', key, unpack(batch))
@@ -224,15 +259,16 @@ local function append(key, a)
     length = cap
   end
   redis.call('EXPIRE', key, ttl)
-  return {v, #batch, length, duplicates, added, tail and 0 or 1}, tail and 'add' or 'set', added, ttl, length
+  return {v, #batch, length, duplicates, added, tail and 0 or 1, life}, tail and 'add' or 'set', added, ttl, length
 end
 """
 
-# replace(key, a): ARGV from ``a`` on holds the expected version ('*' for any), cap, ttl, then (id, rest)
-# pairs. Answers {version, stored, bytes stored}, or {-1, current version, 0} when the version does not match.
+# replace(key, a): ARGV from ``a`` on holds the expected version ('*' for any), cap, ttl, a new life id, then
+# (id, rest) pairs. Answers {version, stored, bytes stored}, or {-1, current version, 0} when the version does
+# not match.
 _REPLACE_FUNCTION = """
 local function replace(key, a)
-  local expected, cap, ttl, first = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), a + 3
+  local expected, cap, ttl, first = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), a + 4
   local tail = redis.call('LINDEX', key, -1)
   local v = 0
   if tail then v = version_of(tail) end
@@ -240,9 +276,13 @@ local function replace(key, a)
     return {-1, v, 0}
   end
   v = v + 1
+  local life = life_of(tail)
+  if life == '' then life = ARGV[a + 3] end
   local batch = {}
   for i = first, #ARGV, 2 do
-    batch[#batch + 1] = '{"id":"' .. ARGV[i] .. '","v":' .. v .. ARGV[i + 1]
+    local stamp = ''
+    if i + 1 == #ARGV then stamp = ',"life":"' .. life .. '"' end
+    batch[#batch + 1] = '{"id":"' .. ARGV[i] .. '","v":' .. v .. stamp .. ARGV[i + 1]
   end
   redis.call('DEL', key)
   redis.call('RPUSH', key, unpack(batch))
@@ -256,7 +296,8 @@ local function replace(key, a)
 end
 """
 
-# pop(key, a): ARGV[a] the expected version ('*' for any). Removes the newest entry; the version moves on
+# pop(key, a): ARGV[a] the expected version ('*' for any), ARGV[a + 1] a new life id (for a newest entry
+# without one). Removes the newest entry; the version moves on
 # (stamped on the new newest entry), or the conversation is gone when it was the last. Answers {version,
 # length, removed entry or '', 1 when one was removed, bytes added (negative), TTL (0: gone)}, or {-1,
 # current version} when the version does not match; nothing written when there was nothing to pop.
@@ -268,16 +309,19 @@ local function pop(key, a)
   if expected ~= '*' and tonumber(expected) ~= v then return {-1, v} end
   if not tail then return {0, 0, '', 0, 0, 0} end
   local ttl = ttl_of(key)
+  local life = life_of(tail)
+  if life == '' then life = ARGV[a + 1] end
   redis.call('RPOP', key)
   sizes_pop(key)
   local length = redis.call('LLEN', key)
   if length == 0 then return {0, 0, tail, 1, -#tail, 0}, 'forget', 0, 0 end
-  local delta = mark_rewound(key, v + 1) - #tail
+  local delta = mark_rewound(key, v + 1, life) - #tail
   return {v + 1, length, tail, 1, delta, ttl}, 'add', delta, ttl, length
 end
 """
 
-# rewind(key, a): ARGV[a] the expected version ('*' for any), ARGV[a + 1] the version to go back to: the
+# rewind(key, a): ARGV[a] the expected version ('*' for any), ARGV[a + 1] the version to go back to, ARGV[a +
+# 2] a new life id (for a newest entry without one): the
 # entries written after it are dropped, newest first; the version moves on as a pop's does. Answers
 # {version, removed, length, bytes added (negative), TTL (0: gone)}, or {-1, current version} when the
 # version does not match.
@@ -289,6 +333,8 @@ local function rewind(key, a)
   if expected ~= '*' and tonumber(expected) ~= v then return {-1, v} end
   if not tail then return {0, 0, 0, 0, 0} end
   local ttl = ttl_of(key)
+  local life = life_of(tail)
+  if life == '' then life = ARGV[a + 2] end
   local removed, delta = 0, 0
   while tail and tonumber(string.match(tail, '^{"id":"[^"]*","v":(%d+)')) > to do
     redis.call('RPOP', key)
@@ -299,25 +345,25 @@ local function rewind(key, a)
   end
   if removed == 0 then return {v, 0, redis.call('LLEN', key), 0, 0} end
   if not tail then return {0, removed, 0, delta, 0}, 'forget', 0, 0 end
-  delta = delta + mark_rewound(key, v + 1)
+  delta = delta + mark_rewound(key, v + 1, life)
   local length = redis.call('LLEN', key)
   return {v + 1, removed, length, delta, ttl}, 'add', delta, ttl, length
 end
 """
 
-# create(key, a): ARGV from ``a`` on holds cap, ttl, then whole stored entries (a fork's copies). Refused
-# ({-1}) when the key exists; answers {version, entries kept}.
+# create(key, a): ARGV from ``a`` on holds cap, ttl, the new conversation's life id, then whole stored entries
+# (a fork's copies). Refused ({-1}) when the key exists; answers {version, entries kept}.
 _CREATE_FUNCTION = """
 local function create(key, a)
-  local cap, ttl, first = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), a + 2
+  local cap, ttl, first = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), a + 3
   if redis.call('EXISTS', key) == 1 then return {-1, 0} end
   if #ARGV < first then return {0, 0} end
   redis.call('RPUSH', key, unpack(ARGV, first, #ARGV))
   redis.call('LTRIM', key, -cap, -1)
-  redis.call('EXPIRE', key, ttl)
   local kept = {unpack(ARGV, math.max(first, #ARGV - cap + 1), #ARGV)}
   sizes_push(key, true, kept, cap, ttl)
-  local size = 0
+  local size = restamp(key, nil, ARGV[a + 2])
+  redis.call('EXPIRE', key, ttl)
   for _, e in ipairs(kept) do size = size + #e end
   return {version_of(kept[#kept]), #kept}, 'set', size, ttl, #kept
 end
@@ -714,17 +760,33 @@ return redis.call('HGET', KEYS[1], ARGV[1]) or ''
 
 # One page of an export in one step, so a page is one round trip and its entries, the list's length and
 # version (and the summary) are of one moment: {length, newest entry or '', the page, the next page's
-# offset or -1, the compaction summary or '', -1}. From offset ARGV[1], entries until they pass ARGV[2]
-# bytes, taken in steps sized from the largest entry so far, from ARGV[3] entries up to ARGV[4] (entries
-# may be large, so the first step is small). With ARGV[5] (the conversation key) and KEYS[2] (the
-# catalogue's summaries: standalone only), also its compaction summary. As a read's window, the page's
-# bounds come from the sizes kept beside the list (the last KEYS, with ARGV[6] the most bytes this script
-# copies itself): a larger page is answered {length, '', {}, next offset, '', its entries} and read by a
-# plain LRANGE (``ConversationStore._export_big``); where the sizes do not cover it, it is read here.
-_EXPORT_PAGE = """#!lua flags=no-writes
+# offset or -1, the compaction summary or '', -1}, or {-2} alone (nothing read) for an unchanged one.
+# From offset ARGV[1], entries until they pass ARGV[2] bytes, taken in steps sized from the largest entry so far, from
+# ARGV[3] entries up to ARGV[4] (entries may be large, so the first step is small). With ARGV[5] (the conversation
+# key) and KEYS[2] (the catalogue's summaries: standalone only), also its compaction summary. As a read's window, the
+# page's bounds come from the sizes kept beside the list (the last KEYS, with ARGV[6] the most bytes this script
+# copies itself): a larger page is answered {length, '', {}, next offset, '', its entries} and read by a plain LRANGE
+# (``ConversationStore._export_big``); where the sizes do not cover it, it is read here. With ARGV[7..9] (the life,
+# version and summary digest of an If-None-Match, ``sessionmem_core.api.etag``): {-2} when they are the conversation's
+# (the digest: the first 16 hex digits of the stored summary's SHA-1, '' for none).
+_EXPORT_PAGE = (
+    "#!lua flags=no-writes\n"
+    + _VERSION_FUNCTIONS
+    + """
 local key, at, budget = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
 local first_step, max_step = tonumber(ARGV[3]), tonumber(ARGV[4])
 local sizes = ARGV[6] ~= '' and KEYS[#KEYS] or nil
+if ARGV[7] then
+  local newest = redis.call('LINDEX', key, -1)
+  local held = ''
+  if ARGV[5] ~= '' then held = redis.call('HGET', KEYS[2], ARGV[5]) or '' end
+  local life, digest = '-', ''
+  if newest then life = life_of(newest) end
+  if held ~= '' then digest = string.sub(redis.sha1hex(held), 1, 16) end
+  if life ~= '' and life == ARGV[7] and tostring(version_of(newest)) == ARGV[8] and digest == ARGV[9] then
+    return {-2}
+  end
+end
 local n = redis.call('LLEN', key)
 local page = nil
 if sizes and at < n then
@@ -778,6 +840,7 @@ local summary = ''
 if ARGV[5] ~= '' and KEYS[2] and KEYS[2] ~= sizes then summary = redis.call('HGET', KEYS[2], ARGV[5]) or '' end
 return {n, tail, page, at < n and at or -1, summary, -1}
 """
+)
 
 # Record a compaction summary, in the accounting's slot: KEYS = expiries, sizes, the catalogue's three,
 # and for a sealed summary the data key marks; ARGV = the conversation key, the summary as stored, the
@@ -878,6 +941,9 @@ return {1, record[1] or '', record[2] or '', record[3] or '', record[4] or '', u
 _TITLE, _LABELS = "title", "labels"
 
 _VERSION = re.compile(rb'^\{"id":"[^"]*","v":(\d+)(?:,"rewoundAt":(\d+))?')
+_LIFE = re.compile(rb'^\{"id":"[^"]*","v":\d+(?:,"rewoundAt":\d+)?(?:,"idempotencyKey":"[^"]*")?,"life":"([^"]*)"')
+# The life of a conversation that holds nothing (``sessionmem_core.api.etag``): all empty answers are alike.
+NO_LIFE = "-"
 _REWOUND_AT = re.compile(rb'^(\{"id":"[^"]*","v":\d+),"rewoundAt":\d+')
 
 
@@ -888,6 +954,22 @@ def version_of(raw_entry: bytes) -> int:
         return 0
     written, rewound = match.groups()
     return max(int(written), int(rewound)) if rewound else int(written)
+
+
+def life_of(raw_newest: bytes | None) -> str | None:
+    """The life id of a conversation as its newest entry tells it (``life_of`` of the scripts); ``NO_LIFE``
+    when it holds nothing; None for a newest entry written before lives were stamped (its answers carry no
+    ETag, so nothing can match one)."""
+    if not raw_newest:
+        return NO_LIFE
+    match = _LIFE.match(raw_newest)
+    return match.group(1).decode() if match else None
+
+
+def summary_digest(stored: bytes) -> str:
+    """What an export's ETag holds of its compaction summary: the first 16 hex digits of the SHA-1 of the
+    summary as stored (what the export script computes with ``redis.sha1hex``)."""
+    return hashlib.sha1(stored, usedforsecurity=False).hexdigest()[:16]
 
 
 def written_at(raw_entry: bytes) -> int:
@@ -940,6 +1022,10 @@ class AppendResult:
     # Bytes the conversation grew by (negative when the cap trimmed more than was added).
     bytes_added: int = 0
     created: bool = False
+    # The conversation's life id after the write (``life_of``), and with ``represent``, the stored entries as
+    # a read answers them (None when not every entry of the batch was stored).
+    life: str | None = None
+    raw_entries: list[bytes] | None = None
 
     @property
     def duplicate(self) -> bool:
@@ -967,6 +1053,7 @@ class ReadResult:
     version: int
     raw_entries: list[bytes]
     raw_summary: bytes | None = None
+    life: str | None = NO_LIFE
 
     def entries_json(self) -> bytes:
         """The entries as a JSON array, made of the stored bytes without decoding them."""
@@ -982,6 +1069,11 @@ class ExportPage:
     raw_entries: list[bytes]
     next_offset: int | None
     raw_summary: bytes | None = None
+    life: str | None = NO_LIFE
+    # The digest of the summary as stored (``summary_digest``), None without one.
+    summary_digest: str | None = None
+    # The page was not read: the conversation is in the state its If-None-Match named.
+    unchanged: bool = False
 
 
 @dataclass(slots=True)
@@ -1090,9 +1182,10 @@ def _entry_args(
     client_flags: bool = False,
     ids_identify: bool = True,
     seal: Seal | None = None,
+    plain: list[tuple[str, bytes]] | None = None,
 ) -> list[str | bytes]:
     """(id, rest-of-entry) pairs; with ``client_flags``, (id, '1' if the client chose it and ids identify
-    retries (``ids_identify``) else '0', rest).
+    retries (``ids_identify``) else '0', rest). ``plain``: gets each (id, rest) unsealed.
     An item is serialized after the proxy's fields, its keys in the order given; an item over
     ``MAX_ITEM_BYTES`` stored is a typed 413, one JSON cannot hold (an integer past 64 bits) a 400. (The
     content is bounded in characters by the request model, as before items.)"""
@@ -1107,7 +1200,25 @@ def _entry_args(
         if client_flags:
             args.append("1" if entry.id and ids_identify else "0")
         args.append(b"," + rest[1:] if seal is None else seal(entry_id, rest))
+        if plain is not None:
+            plain.append((entry_id, rest))
     return args
+
+
+def _as_stored(plain: list[tuple[str, bytes]], version: int, idempotency_key: str | None, life: str) -> list[bytes]:
+    """The entries of one append as a read answers them (opened): what the append script writes in front of
+    each entry's fields (its id, version, the key on the first and the life id on the last), then the
+    fields. Only for a batch stored whole."""
+    stored: list[bytes] = []
+    last = len(plain) - 1
+    for index, (entry_id, rest) in enumerate(plain):
+        head = b'{"id":"%s","v":%d' % (entry_id.encode(), version)
+        if index == 0 and idempotency_key:
+            head += b',"idempotencyKey":"%s"' % idempotency_key.encode()
+        if index == last:
+            head += b',"life":"%s"' % life.encode()
+        stored.append(head + b"," + rest[1:])
+    return stored
 
 
 def _item_json(item: dict[str, Any]) -> bytes:
@@ -1128,11 +1239,13 @@ def append_args(
     idempotency_key: str | None = None,
     seal: Seal | None = None,
     expected_version: int | None = None,
+    plain: list[tuple[str, bytes]] | None = None,
 ) -> list[Any]:
     """ARGV of the append script (``APPEND_SCRIPT``) for one batch: what every append sends, and what
     the benchmark's Valkey ceiling sends to measure the same server-side step without the proxy. With
     ``idempotency_key`` (validated: it is written into stored JSON as it is) the key alone identifies a
-    retry, and ids are not de-duplicated; with ``expected_version`` the append is conditional on it."""
+    retry, and ids are not de-duplicated; with ``expected_version`` the append is conditional on it; ``plain``
+    collects the entries as stored, to answer them (``represent``)."""
     return [
         cap,
         ttl_seconds,
@@ -1141,7 +1254,8 @@ def append_args(
         RETRY_CHUNK_ENTRIES,
         idempotency_key or "",
         "*" if expected_version is None else expected_version,
-        *_entry_args(entries, author, _now_ms(), True, idempotency_key is None, seal),
+        new_message_id(),
+        *_entry_args(entries, author, _now_ms(), True, idempotency_key is None, seal, plain),
     ]
 
 
@@ -1191,24 +1305,31 @@ class ConversationStore:
         quota: StorageQuota | None = None,
         idempotency_key: str | None = None,
         expected_version: int | None = None,
+        represent: bool = False,
     ) -> AppendResult:
         """``quota``: the writer's storage limits, which a store that accounts its writes needs (``_write``);
         ``idempotency_key``: the append's, which then alone identifies a retry; ``expected_version``: the
         version the append is conditional on (VersionConflict, nothing stored, when it is not the
-        conversation's; a retry of an append stored already is answered as a retry first)."""
+        conversation's; a retry of an append stored already is answered as a retry first); ``represent``:
+        also answer the stored entries (``AppendResult.raw_entries``)."""
+        plain: list[tuple[str, bytes]] | None = [] if represent else None
         if self.sealer is None:
             # Without sealing, no coroutine more on the hot path.
-            args = append_args(entries, author, cap, ttl_seconds, idempotency_key, None, expected_version)
+            args = append_args(entries, author, cap, ttl_seconds, idempotency_key, None, expected_version, plain)
             reply = await self._write(self._append, key, args, quota)
         else:
 
             def sealed(dek: DataKey) -> Awaitable[Any]:
+                if plain is not None:
+                    plain.clear()  # sealed again after a refusal
                 entry_seal = Sealer.sealing(dek, key)
-                args = append_args(entries, author, cap, ttl_seconds, idempotency_key, entry_seal, expected_version)
+                args = append_args(
+                    entries, author, cap, ttl_seconds, idempotency_key, entry_seal, expected_version, plain
+                )
                 return self._write(self._append, key, args, quota, dek)
 
             reply = await self._sealed(key, sealed)
-        version, stored, length, duplicates, added, created = reply
+        version, stored, length, duplicates, added, created, life = reply
         if int(version) < 0:
             raise VersionConflict(f"conversation is at version {stored}, not {expected_version}")
         if self.ledger is not None and not self._counted and int(stored):
@@ -1225,18 +1346,26 @@ class ConversationStore:
             duplicate_ids=_texts(duplicates) if duplicates else (),
             bytes_added=int(added),
             created=bool(created),
+            life=_text(life),
+            raw_entries=(
+                _as_stored(plain, int(version), idempotency_key, _text(life))
+                if plain and int(stored) == len(plain)
+                else None
+            ),
         )
 
     async def read(self, key: str, limit: int) -> ReadResult:
         """The newest ``limit`` entries that fit in ``READ_ANSWER_BYTES`` (always the newest one)."""
         if limit <= 0:
             raw: list[bytes] = await self._guard(self._client.lrange(key, -1, -1))
-            return ReadResult(version=version_of(raw[0]) if raw else 0, raw_entries=[])
+            newest = raw[0] if raw else None
+            return ReadResult(version=version_of(newest) if newest else 0, raw_entries=[], life=life_of(newest))
         _head, raw, _ = await self._window(key, limit, "", None)
-        version = version_of(raw[-1]) if raw else 0
+        newest = raw[-1] if raw else None
+        version = version_of(newest) if newest else 0
         if self.sealer is not None:
             raw = await self.sealer.open(key, raw)
-        return ReadResult(version=version, raw_entries=raw)
+        return ReadResult(version=version, raw_entries=raw, life=life_of(newest))
 
     async def read_with_summary(self, key: str, limit: int) -> ReadResult:
         """``read`` (bounded by bytes as it is), and the conversation's summary: its compaction summary, with
@@ -1439,19 +1568,33 @@ class ConversationStore:
         return ReadResult(version=version, raw_entries=await self._open(key, raw))
 
     async def export_page(
-        self, key: str, offset: int, page_bytes: int, first_step: int, max_step: int, summary: bool
+        self,
+        key: str,
+        offset: int,
+        page_bytes: int,
+        first_step: int,
+        max_step: int,
+        summary: bool,
+        unless: tuple[str, int, str | None] | None = None,
     ) -> ExportPage:
         """The entries from ``offset`` until they pass ``page_bytes`` (read in steps of ``first_step`` up to
         ``max_step`` entries), the list's length and version, and with ``summary`` its compaction summary,
         in one round trip. (With sealing, an entry whose data key was erased is left out, so a page may hold
-        fewer than its offsets span.)"""
+        fewer than its offsets span.) ``unless``: the (life, version, summary digest) of an If-None-Match;
+        when the conversation is in that state, nothing is read (``ExportPage.unchanged``). Only where
+        the summary is read in the same step (or there is none to read)."""
         summaries = usage_keys_of(key)[3] if summary and self.ledger is not None else None
         keys = [key, summaries] if summaries is not None and self._counted else [key]
         args: list[Any] = [offset, page_bytes, first_step, max_step, key if len(keys) > 1 else "", ""]
         if self._sizes:
             keys.append(sizes_key_of(key))
             args[5] = READ_COPY_BYTES if isinstance(self._client, PipelinedValkey) else ""
+        if unless is not None and (summaries is None or self._counted):
+            args += [unless[0], unless[1], unless[2] or ""]
         reply = await self._guard(self._export_page(keys=keys, args=args))
+        if int(reply[0]) == -2:
+            assert unless is not None
+            return ExportPage(0, unless[1], [], None, life=unless[0], summary_digest=unless[2], unchanged=True)
         if int(reply[5]) >= 0:
             reply = await self._guard(self._export_big(key, keys, args))
         length, tail, raw, next_offset, head = reply[:5]
@@ -1464,6 +1607,8 @@ class ConversationStore:
             raw_entries=await self._open(key, list(raw)),
             next_offset=None if int(next_offset) < 0 else int(next_offset),
             raw_summary=summary_of[0] if summary_of else None,
+            life=life_of(tail),
+            summary_digest=summary_digest(bytes(head)) if head else None,
         )
 
     async def _export_big(self, key: str, keys: list[str], args: list[Any]) -> list[Any]:
@@ -1519,7 +1664,8 @@ class ConversationStore:
 
         def write(dek: DataKey | None) -> Awaitable[Any]:
             seal = None if dek is None else Sealer.sealing(dek, key)
-            args: list[Any] = [expected, cap, ttl_seconds, *_entry_args(entries, author, _now_ms(), seal=seal)]
+            entry_args = _entry_args(entries, author, _now_ms(), seal=seal)
+            args: list[Any] = [expected, cap, ttl_seconds, new_message_id(), *entry_args]
             return self._write(self._replace, key, args, quota, dek)
 
         version, stored, size = await (write(None) if self.sealer is None else self._sealed(key, write))
@@ -1543,7 +1689,7 @@ class ConversationStore:
     async def pop(self, key: str, expected_version: int | None = None) -> PopResult:
         """Remove the newest entry (a write: the version moves on); VersionConflict on a mismatch."""
         expected = "*" if expected_version is None else str(expected_version)
-        reply = await self._shrink(self._pop, key, [expected])
+        reply = await self._shrink(self._pop, key, [expected, new_message_id()])
         if int(reply[0]) < 0:
             raise VersionConflict(f"conversation is at version {reply[1]}, not {expected_version}")
         version, length, raw, removed, delta, ttl = reply
@@ -1555,7 +1701,7 @@ class ConversationStore:
     async def rewind(self, key: str, to_version: int, expected_version: int | None = None) -> RewindResult:
         """Drop the entries written after ``to_version`` (a write when any were); VersionConflict on a mismatch."""
         expected = "*" if expected_version is None else str(expected_version)
-        reply = await self._shrink(self._rewind, key, [expected, to_version])
+        reply = await self._shrink(self._rewind, key, [expected, to_version, new_message_id()])
         if int(reply[0]) < 0:
             raise VersionConflict(f"conversation is at version {reply[1]}, not {expected_version}")
         version, removed, length, delta, ttl = (int(part) for part in reply)
@@ -1574,7 +1720,7 @@ class ConversationStore:
             nonlocal stored
             if dek is not None:
                 stored = [Sealer.reseal(dek, key, raw) for raw in raw_entries]
-            return self._write(self._create, key, [cap, ttl_seconds, *stored], quota, dek)
+            return self._write(self._create, key, [cap, ttl_seconds, new_message_id(), *stored], quota, dek)
 
         sealing = self.sealer is not None and bool(raw_entries)
         version, kept, *_ = await (self._sealed(key, write) if sealing else write(None))

@@ -262,3 +262,36 @@ async def test_the_per_user_example_of_the_docs_runs_as_an_agent(
         await launcher.stop()
         await agent.stop()
     assert agent_keys(valkey_server) == []
+
+
+async def test_one_users_kept_reads_are_never_anothers(per_user_launcher: Launcher, capability_key: bytes) -> None:
+    """One client serving two users' turns (``with_turn``) keeps a read per turn: each user's reads of the
+    same conversation id are their own, asked again with their own ETag (a 304 each), never the other's."""
+    from langchain_core.messages import HumanMessage
+
+    from sessionmem_client.langchain import SessionmemChatMessageHistory
+
+    seen: list[int] = []
+
+    async def hook(response: httpx.Response) -> None:
+        if response.request.method == "GET":
+            seen.append(response.status_code)
+
+    turns = per_user_launcher.turns
+    alice_cap = mint_capability(capability_key, "alice", OWNER, 600)
+    bob_cap = mint_capability(capability_key, "bob", OWNER, 600)
+    with turns.bound(alice_cap) as alice_turn, turns.bound(bob_cap) as bob_turn:
+        async with (
+            httpx.AsyncClient(base_url=memory_url(per_user_launcher), event_hooks={"response": [hook]}) as http,
+            AsyncMemoryClient(memory_url(per_user_launcher), http_client=http, turn=alice_turn) as alice,
+        ):
+            users = {"Alice": alice, "Bob": alice.with_turn(bob_turn)}
+            for who, client in users.items():
+                await SessionmemChatMessageHistory("c", async_client=client).aadd_messages(
+                    [HumanMessage(f"I am {who}")]
+                )
+            for _ in range(2):
+                for who, client in users.items():
+                    read = await SessionmemChatMessageHistory("c", async_client=client).aget_messages()
+                    assert read == [HumanMessage(f"I am {who}")]
+    assert seen == [200, 200, 304, 304]

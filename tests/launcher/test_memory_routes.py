@@ -248,6 +248,7 @@ def _comparable(response: httpx.Response) -> tuple[int, Any]:
     for listed in ("entries", "matches"):
         for entry in body.get(listed, []) if isinstance(body.get(listed), list) else []:
             entry.pop("ts")
+            entry.pop("life", None)  # each conversation's own random id
     return response.status_code, body
 
 
@@ -400,3 +401,31 @@ async def test_a_conditional_append_passes_through_the_launcher(launcher: Launch
     assert stale.status_code == 412 and from_wire(stale.status_code, stale.content).error_type == "version_conflict"
     assert current.json()["version"] == 2, current.text
     assert [e["id"] for e in read["entries"]] == ["t1-u", "t1-a", "t2-u", "t2-a"]
+
+
+async def test_conditional_reads_pass_through_the_launcher(launcher: Launcher) -> None:
+    """If-None-Match and Prefer reach the proxy, and its 304 (no body, no content type) and ETags come back:
+    for a read, an append that answers its entries, and an export joined from several pages."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{launcher.memory_port}") as http:
+        url = api.entries_path("cond") + "?limit=40"
+        appended = await http.post(
+            api.entries_path("cond"), json=exchange("t"), headers={"Prefer": api.RETURN_REPRESENTATION}
+        )
+        assert [e["id"] for e in appended.json()["entries"]] == ["t-u", "t-a"]
+        read = await http.get(url)
+        assert read.headers["etag"] == appended.headers["etag"]
+        unchanged = await http.get(url, headers={"If-None-Match": read.headers["etag"]})
+        assert (unchanged.status_code, unchanged.content) == (304, b"")
+        assert unchanged.headers["etag"] == read.headers["etag"] and "content-type" not in unchanged.headers
+        # Two pages at least: six entries of about a quarter of a page each.
+        for n in range(6):
+            body = {"entries": [{"role": "user", "content": "x" * env.MAX_CONTENT_CHARS, "id": f"big-{n}"}]}
+            assert (await http.post(api.entries_path("pages"), json=body)).status_code == 200
+        export = await http.get(api.export_path("pages"))
+        assert len(export.json()["entries"]) == 6 and export.headers["etag"]
+        again = await http.get(api.export_path("pages"), headers={"If-None-Match": export.headers["etag"]})
+        assert (again.status_code, again.content) == (304, b"")
+        await http.post(api.entries_path("pages"), json={"entries": [{"role": "user", "content": "more"}]})
+        changed = await http.get(api.export_path("pages"), headers={"If-None-Match": export.headers["etag"]})
+        assert changed.status_code == 200 and len(changed.json()["entries"]) == 7
+        assert changed.headers["etag"] != export.headers["etag"]

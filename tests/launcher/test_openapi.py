@@ -38,10 +38,10 @@ def test_no_parameter_the_launcher_sets_itself_is_advertised() -> None:
     names = {p["name"].lower() for op in operations for p in op.get("parameters", [])}
     assert api.TTL_PARAM.lower() in {p.lower() for p in POD_PARAMS}
     assert names.isdisjoint({p.lower() for p in POD_PARAMS} | {"authorization"}), names
-    # Only statuses the launcher answers (its own, and the proxy's it relays: 429 over a rate, 507 over the
-    # storage quota): never FastAPI's 422, never an undocumented catch-all.
+    # Only statuses the launcher answers (its own, and the proxy's it relays: 304 to a conditional read, 429
+    # over a rate, 507 over the storage quota): never FastAPI's 422, never an undocumented catch-all.
     statuses = {status for op in operations for status in op["responses"]}
-    answered = {"200", "400", "401", "403", "404", "408", "409", "412", "413", "414", "429", "431", "503", "507"}
+    answered = {"200", "304", "400", "401", "403", "404", "408", "409", "412", "413", "414", "429", "431", "503", "507"}
     assert statuses <= answered, statuses
 
 

@@ -50,7 +50,8 @@ async def test_an_entry_without_an_item_answers_none_and_keeps_its_shape(proxy_p
             "/v1/conversations/plain/entries", json={"entries": [{"role": "tool", "content": "", "id": "t"}]}
         )
         (entry,) = (await client.get("/v1/conversations/plain/entries")).json()["entries"]
-    assert list(entry) == ["id", "v", "role", "content", "author", "ts"]
+    # The newest entry carries the conversation's life id (its ETag's) after its id and version.
+    assert list(entry) == ["id", "v", "life", "role", "content", "author", "ts"]
     assert (entry["role"], entry["content"]) == ("tool", "")
 
 
@@ -95,6 +96,25 @@ async def test_a_retry_with_the_same_idempotency_key_is_answered_as_its_original
         "duplicateIds": retried.json()["duplicateIds"],
     }
     assert [e["content"] for e in history["entries"]] == ["x", "y"]
+
+
+async def test_only_an_entrys_own_key_stamp_makes_a_retry(proxy_process: ServiceProcess) -> None:
+    """The append finds a retry's original by its key stamp, searched as plain bytes first: the same bytes in
+    an entry's item, or a longer key that starts with the same characters, are not the original."""
+    url = "/v1/conversations/stamp-lookalike/entries"
+    lookalike = {"role": "tool", "content": "", "item": {"x": 1, "idempotencyKey": "turn-9"}}
+    async with httpx.AsyncClient(base_url=proxy_process.base_url, headers=AUTH) as client:
+        await client.post(url, json={"entries": [lookalike]})
+        await client.post(
+            url, json={"entries": [{"role": "user", "content": "a"}]}, headers={"Idempotency-Key": "k-10"}
+        )
+        stored = [
+            (await client.post(url, json={"entries": [{"role": "user", "content": c}]}, headers={"Idempotency-Key": k}))
+            for c, k in (("b", "turn-9"), ("c", "k-1"), ("d", "k-10"))
+        ]
+        history = (await client.get(url)).json()
+    assert [r.json()["stored"] for r in stored] == [1, 1, 0]
+    assert [e["content"] for e in history["entries"]] == ["", "a", "b", "c"]
 
 
 @pytest.mark.parametrize("key", ["", "has space", "x" * 129, "semi;colon"])

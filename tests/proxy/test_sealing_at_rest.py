@@ -165,7 +165,8 @@ async def test_sealed_memory_never_reaches_the_disk_and_is_gone_with_its_key(
         read = (await world.client.get(api.entries_path("trip"), headers=world.user_headers)).json()
         assert [e["content"] for e in read["entries"]] == [SENTENCE, "and my card ends in 4421"]
         assert read["entries"][0]["item"] == {"type": "message", "text": SENTENCE}
-        assert list(read["entries"][0]) == ["id", "v", "role", "content", "author", "ts", "item"]
+        # (It was the newest entry of its write: the conversation's life id, in clear like the version.)
+        assert list(read["entries"][0]) == ["id", "v", "life", "role", "content", "author", "ts", "item"]
         found = (await world.client.get(api.search_path("trip") + "?q=passport", headers=world.user_headers)).json()
         assert [e["content"] for e in found["matches"]] == [SENTENCE]
         summary = {"role": "system", "content": "The user gave their passport number", "id": "sum-1"}
@@ -191,9 +192,11 @@ async def test_sealed_memory_never_reaches_the_disk_and_is_gone_with_its_key(
         for name, data in files.items():
             for secret in (SENTENCE, AGENT_NOTE, "passport", "Passport", "4421"):
                 assert secret.encode() not in data, (name, secret)
-        # The stored entry keeps its id and version in clear and nothing else.
+        # The stored entry keeps its id, version and (it was the newest of its write) the conversation's
+        # random life id in clear, and nothing else.
         stored = aof_valkey.client().lrange(world.user_key, 0, 0)[0]
-        assert re.fullmatch(rb'\{"id":"[^"]+","v":1,"sealed":"[A-Za-z0-9+/=]+"\}', stored), stored
+        clear_head = rb'\{"id":"[^"]+","v":1,"life":"[A-Za-z0-9_-]+",'
+        assert re.fullmatch(clear_head + rb'"sealed":"[A-Za-z0-9+/=]+"\}', stored), stored
         # Before the erasure, what the keys open is the conversation (the method below can find it).
         before = _recoverable(files, _remaining_keys(world))
         assert any(SENTENCE.encode() in text for text in before)
