@@ -16,7 +16,7 @@ from sessionmem_core import api, env
 from sessionmem_core.capability import mint_capability, new_key
 from sessionmem_core.devauth import dev_token
 from sessionmem_core.keys import Owner
-from tests.support.store_variants import STORE_VARIANTS, proxy_client
+from tests.support.store_variants import STORE_VARIANTS, UNTHROTTLED, proxy_client
 from tests.support.valkey import ValkeyProcess
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
@@ -26,10 +26,6 @@ KEY = new_key()
 
 def as_user(user: str) -> dict[str, str]:
     return {api.USER_CAPABILITY_HEADER: mint_capability(KEY, user, OWNER, 600)}
-
-
-# The suite drives one agent far past a tenant's default rate (tests/proxy/test_quotas.py covers rates).
-RATES = {env.QUOTA_REQUESTS_PER_SECOND: "100000", env.QUOTA_BURST: "100000"}
 
 
 @pytest.fixture(params=STORE_VARIANTS)
@@ -45,8 +41,7 @@ async def client(
         AUTH,
         **{
             env.CAPABILITY_KEY_FILE: str(tmp_path / "key"),
-            env.QUOTA_REQUESTS_PER_SECOND: "100000",
-            env.QUOTA_BURST: "100000",
+            **UNTHROTTLED,
         },
     ) as served:
         yield served

@@ -14,10 +14,10 @@ import httpx
 import orjson
 import pytest
 
-from sessionmem_core import api, env
+from sessionmem_core import api
 from sessionmem_core.devauth import dev_token
 from sessionmem_core.keys import Owner
-from tests.support.store_variants import STORE_VARIANTS, proxy_client
+from tests.support.store_variants import STORE_VARIANTS, UNTHROTTLED, proxy_client
 from tests.support.valkey import ValkeyProcess
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
@@ -35,7 +35,7 @@ async def client(
         valkey_server.url,
         tmp_path,
         AUTH,
-        **{env.QUOTA_REQUESTS_PER_SECOND: "100000", env.QUOTA_BURST: "100000"},
+        **UNTHROTTLED,
     ) as served:
         yield served
 

@@ -13,18 +13,14 @@ import httpx
 import orjson
 import pytest
 
-from sessionmem_core import env
 from sessionmem_core.devauth import dev_token
 from sessionmem_core.keys import Owner, session_key, usage_keys
 from tests.support.items import SHAPES
-from tests.support.store_variants import STORE_VARIANTS, proxy_client
+from tests.support.store_variants import STORE_VARIANTS, UNTHROTTLED, proxy_client
 from tests.support.valkey import ValkeyProcess
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
 AUTH = {"Authorization": f"Bearer {dev_token(OWNER.namespace, OWNER.agent)}"}
-
-# The suite drives one agent far past a tenant's default rate (tests/proxy/test_quotas.py covers rates).
-RATES = {env.QUOTA_REQUESTS_PER_SECOND: "100000", env.QUOTA_BURST: "100000"}
 
 
 @pytest.fixture(params=STORE_VARIANTS)
@@ -37,7 +33,7 @@ async def client(
         valkey_server.url,
         tmp_path,
         AUTH,
-        **{env.QUOTA_REQUESTS_PER_SECOND: "100000", env.QUOTA_BURST: "100000"},
+        **UNTHROTTLED,
     ) as served:
         yield served
 

@@ -28,6 +28,7 @@ from sessionmem_proxy.app import create_app
 from sessionmem_proxy.datakeys import Keyring, new_kek
 from sessionmem_proxy.sealing import sealed_context
 from tests.support.serving import served_client
+from tests.support.store_variants import UNTHROTTLED
 from tests.support.valkey import ValkeyProcess
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
@@ -113,8 +114,7 @@ async def _world(valkey: ValkeyProcess, tmp_path: Path, sealing: bool) -> AsyncI
         env.VALKEY_URL: valkey.url,
         env.AUTH_MODE: "dev",
         env.CAPABILITY_KEY_FILE: str(tmp_path / "capability"),
-        env.QUOTA_REQUESTS_PER_SECOND: "100000",
-        env.QUOTA_BURST: "100000",
+        **UNTHROTTLED,
     }
     if sealing:
         values |= {

@@ -29,6 +29,7 @@ from sessionmem_proxy.sealing import Sealer
 from sessionmem_proxy.store import ConversationStore, NewEntry, UsageLedger
 from sessionmem_proxy.valkey_client import connect
 from tests.support.serving import served_client
+from tests.support.store_variants import UNTHROTTLED
 from tests.support.valkey import ValkeyProcess
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
@@ -59,8 +60,7 @@ async def _replicas(valkey: ValkeyProcess, tmp_path: Path, variant: str) -> Asyn
             env.VALKEY_URL: valkey.url,
             env.AUTH_MODE: "dev",
             env.CAPABILITY_KEY_FILE: str(tmp_path / "capability"),
-            env.QUOTA_REQUESTS_PER_SECOND: "100000",
-            env.QUOTA_BURST: "100000",
+            **UNTHROTTLED,
         }
     )
     async with contextlib.AsyncExitStack() as stack:

@@ -22,6 +22,11 @@ from tests.support.serving import served_client
 STORE_VARIANTS = ("one-script", "cluster-style", "sealed")
 
 
+# Request rates no test of an operation reaches: suites that drive one agent far past a tenant's default rate
+# (the rates themselves are tests/proxy/test_quotas.py's).
+UNTHROTTLED = {env.QUOTA_REQUESTS_PER_SECOND: "100000", env.QUOTA_BURST: "100000"}
+
+
 @contextlib.asynccontextmanager
 async def proxy_client(
     variant: str, valkey_url: str, tmp_path: Path, headers: Mapping[str, str], **settings: str
