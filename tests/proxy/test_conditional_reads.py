@@ -7,37 +7,20 @@ ETag right after it, which the next read then matches."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
 import httpx
 import orjson
-import pytest
 
 from sessionmem_core import api
 from sessionmem_core.devauth import dev_token
 from sessionmem_core.keys import Owner
-from tests.support.store_variants import STORE_VARIANTS, UNTHROTTLED, proxy_client
-from tests.support.valkey import ValkeyProcess
+from tests.support.store_variants import agent_client  # noqa: F401  (the suite's client fixture)
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
 AUTH = {"Authorization": f"Bearer {dev_token(OWNER.namespace, OWNER.agent)}"}
 OTHER = {"Authorization": f"Bearer {dev_token(OWNER.namespace, 'other-agent')}"}
 READ = "/v1/conversations/c/entries?limit=40"
-
-
-@pytest.fixture(params=STORE_VARIANTS)
-async def client(
-    request: pytest.FixtureRequest, valkey_server: ValkeyProcess, tmp_path: Path
-) -> AsyncIterator[httpx.AsyncClient]:
-    async with proxy_client(
-        request.param,
-        valkey_server.url,
-        tmp_path,
-        AUTH,
-        **UNTHROTTLED,
-    ) as served:
-        yield served
 
 
 async def _append(client: httpx.AsyncClient, *contents: str, conversation: str = "c") -> httpx.Response:

@@ -5,37 +5,19 @@ conditional on the version (If-Match), and the version never going backwards."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
-import pytest
 
 from sessionmem_core.devauth import dev_token
 from sessionmem_core.keys import Owner, session_key, usage_keys
 from tests.support.items import SHAPES
-from tests.support.store_variants import STORE_VARIANTS, UNTHROTTLED, proxy_client
+from tests.support.store_variants import agent_client  # noqa: F401  (the suite's client fixture)
 from tests.support.valkey import ValkeyProcess
 
 OWNER = Owner(namespace="team-a", agent="support-agent")
 AUTH = {"Authorization": f"Bearer {dev_token(OWNER.namespace, OWNER.agent)}"}
-
-
-@pytest.fixture(params=STORE_VARIANTS)
-async def client(
-    request: pytest.FixtureRequest, valkey_server: ValkeyProcess, tmp_path: Path
-) -> AsyncIterator[httpx.AsyncClient]:
-    """The proxy on a real valkey-server; "sealed": with encryption at rest, every operation the same."""
-    async with proxy_client(
-        request.param,
-        valkey_server.url,
-        tmp_path,
-        AUTH,
-        **UNTHROTTLED,
-    ) as served:
-        yield served
 
 
 async def _append(client: httpx.AsyncClient, conversation: str, *contents: str) -> int:

@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import httpx
+import pytest
 
 from sessionmem_core import env
+from sessionmem_core.devauth import dev_token
 from sessionmem_core.env import ProxySettings
 from sessionmem_proxy.app import create_app
 from sessionmem_proxy.datakeys import DirectoryDataKeyStore, Keyring, new_kek
@@ -18,6 +20,7 @@ from sessionmem_proxy.sealing import Sealer
 from sessionmem_proxy.store import ConversationStore, UsageLedger
 from sessionmem_proxy.valkey_client import connect
 from tests.support.serving import served_client
+from tests.support.valkey import ValkeyProcess
 
 STORE_VARIANTS = ("one-script", "cluster-style", "sealed")
 
@@ -48,3 +51,20 @@ async def proxy_client(
             yield served
     finally:
         await valkey.aclose()
+
+
+@pytest.fixture(name="client", params=STORE_VARIANTS)
+async def agent_client(
+    request: pytest.FixtureRequest, valkey_server: ValkeyProcess, tmp_path: Path
+) -> AsyncIterator[httpx.AsyncClient]:
+    """``client``, for a suite that imports it: team-a/support-agent's client of the proxy on a real
+    valkey-server, once per store variant ("sealed": with encryption at rest, every operation the same), at
+    rates no suite reaches."""
+    async with proxy_client(
+        request.param,
+        valkey_server.url,
+        tmp_path,
+        {"Authorization": f"Bearer {dev_token('team-a', 'support-agent')}"},
+        **UNTHROTTLED,
+    ) as served:
+        yield served
