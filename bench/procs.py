@@ -71,8 +71,15 @@ def extract_commit(rev: str, components: Sequence[str] = _COMPONENTS) -> tuple[s
     commit = subprocess.run(
         ["git", "rev-parse", "--short", rev], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
+    present = set(
+        subprocess.run(
+            ["git", "ls-tree", "--name-only", commit], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
     target = Path(tempfile.mkdtemp(prefix=f"sessionmem-bench-{commit}-"))
-    archive = subprocess.run(["git", "archive", commit, *components], cwd=REPO, capture_output=True, check=True)
+    # An older commit lacks some components (infra/ came later): ``git archive`` refuses an absent path.
+    wanted = [c for c in components if c in present]
+    archive = subprocess.run(["git", "archive", commit, *wanted], cwd=REPO, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
     return commit, target
 
