@@ -10,8 +10,9 @@ data key (``datakeys``), the sealed part in raw bytes after the clear head:
 No script reads past the clear head (their patterns are anchored to it), so the sealed part need not be
 text: in base64 it would be a third larger, and every read would carry that third from Valkey, through its
 scripts and the proxy's socket. A clear head is JSON text without control characters (ids and keys are
-validated), and so is an entry stored unsealed, so ``,"sealed":`` then the byte 0x02 marks where a sealed
-part starts. Entries sealed before were stored in base64, in a JSON string; they are still read:
+validated), and so is an entry stored unsealed, so ``,"sealed":`` then a control character (the format
+byte, 0x02; another is refused) marks where a sealed part starts. Entries sealed before were stored in
+base64, in a JSON string; they are still read:
 
     {"id":"<id>","v":<version>,"sealed":"<base64: 0x01, DEK id (8 bytes), nonce (12), ciphertext+tag>"}
 
@@ -34,7 +35,7 @@ entry whose DEK is not the unit's current one is an erased entry: reads leave it
 
 An agent reads the same window every turn, two entries moved on, so each replica remembers the entries
 its reads opened, per conversation, for as long as their unit's DEK is the current one (``_Opened``):
-opening is an AEAD call and a base64 decode per entry, remembering one a dict lookup, and a read that
+opening is an AEAD call per entry, remembering one a dict lookup, and a read that
 repeats or moves on the last one is matched against it by comparing bytes (no hash of each entry).
 """
 
