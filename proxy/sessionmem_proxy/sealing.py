@@ -3,12 +3,21 @@
 A stored entry keeps its id and version in clear, where the scripts find them (and the stamps the scripts
 write after them: ``rewoundAt``, ``idempotencyKey``, the conversation's random ``life`` id), and seals the
 rest (role, content, author, time and whatever else the entry carries) with AES-256-GCM under its unit's
-data key (``datakeys``):
+data key (``datakeys``), the sealed part in raw bytes after the clear head:
+
+    {"id":"<id>","v":<version>,"sealed":<0x02, DEK id (8 bytes), nonce (12), ciphertext+tag>
+
+No script reads past the clear head (their patterns are anchored to it), so the sealed part need not be
+text: in base64 it would be a third larger, and every read would carry that third from Valkey, through its
+scripts and the proxy's socket. A clear head is JSON text without control characters (ids and keys are
+validated), and so is an entry stored unsealed, so ``,"sealed":`` then a control character (the format
+byte, 0x02; another is refused) marks where a sealed part starts. Entries sealed before were stored in
+base64, in a JSON string; they are still read:
 
     {"id":"<id>","v":<version>,"sealed":"<base64: 0x01, DEK id (8 bytes), nonce (12), ciphertext+tag>"}
 
 The associated data binds the ciphertext to the Valkey key of its conversation, the entry's id and the
-DEK id, so a sealed entry copied to another conversation (or another id) does not open: it is refused
+format byte and DEK id, so a sealed entry copied to another conversation (or another id) does not open: it is refused
 (``SealedEntryInvalid``), never returned. The version is not bound: the append script assigns it after the
 proxy sealed the entry, and a replace renumbers every entry. What the version orders is no secret.
 
@@ -26,7 +35,7 @@ entry whose DEK is not the unit's current one is an erased entry: reads leave it
 
 An agent reads the same window every turn, two entries moved on, so each replica remembers the entries
 its reads opened, per conversation, for as long as their unit's DEK is the current one (``_Opened``):
-opening is an AEAD call and a base64 decode per entry, remembering one a dict lookup, and a read that
+opening is an AEAD call per entry, remembering one a dict lookup, and a read that
 repeats or moves on the last one is matched against it by comparing bytes (no hash of each entry).
 """
 
@@ -64,12 +73,18 @@ if TYPE_CHECKING:
     from sessionmem_core.env import ProxySettings
     from sessionmem_proxy.kubeapi import KubeAPI
 
-_FORMAT = b"\x01"
+# The format byte in front of the DEK id: the sealed part of an entry in raw bytes (what is stored now), or
+# in base64 (entries stored before, and a conversation's sealed title and labels, which are text).
+_FORMAT_RAW = b"\x02"
+_FORMAT_BASE64 = b"\x01"
 _HEADER_BYTES = 1 + DEK_ID_BYTES
 # What the scripts stamp on a stored entry after its id and version, and read there (``store``): kept in
 # clear, in front of the sealed part, in this order.
 _CLEAR_STAMPS = rb'(?:,"rewoundAt":\d+)?(?:,"idempotencyKey":"[^"]*")?(?:,"life":"[^"]*")?'
-# A sealed entry: its clear head, then this mark, the sealed part in base64 and the closing '"}'.
+# A sealed entry: its clear head, then ``,"sealed":`` and the sealed part, raw (its first byte the format
+# byte: a control character, which starts no JSON value), or in base64 in a JSON string closed by '"}'.
+_SEALED_KEY = b',"sealed":'
+_SEALED_KEY_BYTES = len(_SEALED_KEY)
 _SEALED_MARK = b',"sealed":"'
 _MARK_OFFSET = len(_SEALED_MARK) - 1  # from the sealed part's mark to the quote that opens its base64
 _OPENED = re.compile(rb'^(\{"id":"([^"]*)","v":\d+' + _CLEAR_STAMPS + rb"),(.*)$", re.S)
@@ -92,9 +107,10 @@ class DataKey:
     """A unit's current DEK, unwrapped (in memory only)."""
 
     unit: str
-    header: bytes  # format byte + DEK id
+    header: bytes  # the base64 format byte + DEK id (sealed titles and labels; entries sealed before)
     aead: AESGCM
     dek_id: str  # the DEK id as its record and the unit's data key mark name it (hex)
+    raw_header: bytes  # the raw format byte + DEK id (entries sealed now)
 
 
 @dataclass(slots=True)
@@ -159,7 +175,6 @@ def field_context(conversation_key: str, name: str, header: bytes) -> bytes:
 
 
 _FIELD_PREFIX = "sealed:"
-_b64 = binascii.b2a_base64
 
 # Nonces, drawn from the OS's random source a batch at a time (one system call per batch instead of per
 # entry; as random as one at a time). A forked process must never use a nonce its parent may use too: under
@@ -247,20 +262,20 @@ class Sealer:
 
     @staticmethod
     def seal(key: DataKey, conversation_key: str, entry_id: str, body: bytes) -> bytes:
-        """What follows the id and version of a stored entry (``,"sealed":"..."}``) for the entry whose
-        fields other than id and version are the JSON object ``body``."""
+        """What follows the id and version of a stored entry (``,"sealed":`` and the sealed part) for the
+        entry whose fields other than id and version are the JSON object ``body``."""
         return Sealer.sealing(key, conversation_key)(entry_id, body)
 
     @staticmethod
     def sealing(key: DataKey, conversation_key: str) -> Callable[[str, bytes], bytes]:
         """``seal`` for the entries of one write to ``conversation_key``: what they share of the associated
         data is built once."""
-        prefix, header, encrypt, b64 = _entry_context_prefix(conversation_key), key.header, key.aead.encrypt, _b64
+        prefix, header, encrypt = _entry_context_prefix(conversation_key), key.raw_header, key.aead.encrypt
+        mark = b',"sealed":' + header
 
         def seal(entry_id: str, body: bytes) -> bytes:
             nonce = _nonce()
-            sealed = encrypt(nonce, body, prefix + entry_id.encode() + b"\0" + header)
-            return b',"sealed":"' + b64(header + nonce + sealed, newline=False) + b'"}'
+            return mark + nonce + encrypt(nonce, body, prefix + entry_id.encode() + b"\0" + header)
 
         return seal
 
@@ -321,26 +336,38 @@ class Sealer:
                 if hit is not None:
                     opened.append(hit)
                     continue
-            # A sealed entry ends with its base64 (no '"' in it) in the last string: ',"sealed":"...."}'. An
-            # entry stored before sealing was turned on never ends with '"}': its last field is a number
-            # (``ts``) or an object (``item``).
-            quote = raw.rfind(b'"', 0, len(raw) - 2)
-            if not raw.endswith(b'"}') or not raw.startswith(_SEALED_MARK, quote - _MARK_OFFSET):
-                opened.append(raw)  # stored before sealing was turned on
-                continue
+            # The first ',"sealed":' ends the clear head of a sealed entry (a head holds none). In an entry stored
+            # unsealed it can only be a key of its item, followed by a JSON value, never by a control character.
+            head_end = raw.find(_SEALED_KEY)
+            start = head_end + _SEALED_KEY_BYTES
+            first = raw[start : start + 1] if head_end >= 0 else b""
+            if b"" < first < b" ":  # sealed raw: its format byte
+                if first != _FORMAT_RAW:
+                    raise SealedEntryInvalid("a sealed entry has an unknown format")
+                blob: bytes | memoryview = memoryview(raw)[start:]
+                base64_form = False
+            else:
+                # Sealed before in base64, the last string: ',"sealed":"...."}'. An entry stored before sealing
+                # was turned on never ends with '"}': its last field is a number (``ts``) or an object (``item``).
+                quote = raw.rfind(b'"', 0, len(raw) - 2)
+                if not raw.endswith(b'"}') or not raw.startswith(_SEALED_MARK, quote - _MARK_OFFSET):
+                    opened.append(raw)  # stored before sealing was turned on
+                    continue
+                head_end = quote - _MARK_OFFSET
+                try:
+                    blob = binascii.a2b_base64(raw[quote + 1 : -2], strict_mode=True)
+                except binascii.Error as exc:
+                    raise SealedEntryInvalid("a sealed entry is malformed") from exc
+                if blob[:1] != _FORMAT_BASE64:
+                    raise SealedEntryInvalid("a sealed entry has an unknown format")
+                base64_form = True
             id_end = raw.find(b'"', 7)
-            if not raw.startswith(b'{"id":"') or not 7 <= id_end < quote - _MARK_OFFSET:
+            if not raw.startswith(b'{"id":"') or not 7 <= id_end < head_end or len(blob) < _HEADER_BYTES + NONCE_BYTES:
                 raise SealedEntryInvalid("a sealed entry is malformed")
-            try:
-                blob = binascii.a2b_base64(raw[quote + 1 : -2], strict_mode=True)
-            except binascii.Error as exc:
-                raise SealedEntryInvalid("a sealed entry is malformed") from exc
-            header = blob[:_HEADER_BYTES]
-            if len(blob) < _HEADER_BYTES + NONCE_BYTES or header[:1] != _FORMAT:
-                raise SealedEntryInvalid("a sealed entry has an unknown format")
-            if key is None or key.header != header:
+            header = bytes(blob[:_HEADER_BYTES])
+            if key is None or (key.header if base64_form else key.raw_header) != header:
                 key = await self._refreshed(unit, key)
-                if key is None or key.header != header:
+                if key is None or (key.header if base64_form else key.raw_header) != header:
                     continue  # sealed with a DEK that was destroyed: erased
             try:
                 plain = key.aead.decrypt(
@@ -350,7 +377,7 @@ class Sealer:
                 )
             except InvalidTag as exc:
                 raise SealedEntryInvalid(f"an entry of {conversation_key!r} does not open: altered or moved") from exc
-            entry = raw[: quote - _MARK_OFFSET] + b"," + plain[1:]
+            entry = raw[:head_end] + b"," + plain[1:]
             opened.append(entry)
             fresh.append((raw, entry))
         if (fresh or memo is not None) and key is not None and key is initial and self._opened_max:
@@ -443,7 +470,7 @@ class Sealer:
         except binascii.Error as exc:
             raise SealedEntryInvalid("a sealed field is not base64") from exc
         header = blob[:_HEADER_BYTES]
-        if len(blob) < _HEADER_BYTES + NONCE_BYTES or header[:1] != _FORMAT:
+        if len(blob) < _HEADER_BYTES + NONCE_BYTES or header[:1] != _FORMAT_BASE64:
             raise SealedEntryInvalid("a sealed field has an unknown format")
         unit = data_key_unit(conversation_key)
         key = await self._current(unit)
@@ -482,7 +509,8 @@ class Sealer:
 
 
 def _data_key(unit: str, dek_id: str, dek: bytes) -> DataKey:
-    return DataKey(unit, _FORMAT + bytes.fromhex(dek_id), AESGCM(dek), dek_id)
+    dek_id_bytes = bytes.fromhex(dek_id)
+    return DataKey(unit, _FORMAT_BASE64 + dek_id_bytes, AESGCM(dek), dek_id, _FORMAT_RAW + dek_id_bytes)
 
 
 def sealer_from_settings(

@@ -45,6 +45,26 @@ async def _sealed(sealer: Sealer, key: str, entry_id: str, content: str, version
     return _entry(entry_id, version, Sealer.seal(dek, key, entry_id, _body(content)))
 
 
+_RAW_MARK = b',"sealed":\x02'
+
+
+def _flipped(raw: bytes, at: int = -1) -> bytes:
+    """A sealed entry (raw form) with one bit of its sealed part flipped."""
+    head, _, blob = raw.partition(_RAW_MARK)
+    altered = bytearray(b"\x02" + blob)
+    altered[at] ^= 0x01
+    return head + b',"sealed":' + bytes(altered)
+
+
+async def _sealed_in_base64(sealer: Sealer, key: str, entry_id: str, content: str, version: int = 1) -> bytes:
+    """An entry as proxies sealed them before the raw form: the sealed part in base64, in a JSON string,
+    its format byte 0x01 (built here by hand: nothing seals in that form any more)."""
+    dek = await sealer.writing_key(key)
+    header, nonce = b"\x01" + bytes.fromhex(dek.dek_id), os.urandom(12)
+    sealed = dek.aead.encrypt(nonce, _body(content), sealing.sealed_context(key, entry_id, header))
+    return _entry(entry_id, version, b',"sealed":"' + base64.b64encode(header + nonce + sealed) + b'"}')
+
+
 def test_units_follow_the_key_layouts() -> None:
     assert unit_of(KEY) == "team/support"
     assert unit_of(USER_KEY) == "team/support:u:" + "a" * 32
@@ -58,7 +78,10 @@ def test_a_sealed_entry_hides_its_text_and_opens_to_the_stored_form(tmp_path: Pa
         sealer = Sealer(_keyring(tmp_path / "kek", "2026-12"), DirectoryDataKeyStore(tmp_path / "deks"))
         raw = await _sealed(sealer, KEY, "m1", SENTENCE, version=7)
         assert SENTENCE.encode() not in raw and b"passport" not in raw
-        assert raw.startswith(b'{"id":"m1","v":7,"sealed":"')
+        # The sealed part in raw bytes (no base64): its format byte, the DEK id, the nonce, ciphertext and tag.
+        dek = await sealer.writing_key(KEY)
+        assert raw.startswith(b'{"id":"m1","v":7,"sealed":\x02' + bytes.fromhex(dek.dek_id))
+        assert len(raw) == len(b'{"id":"m1","v":7,"sealed":') + 1 + 8 + 12 + len(_body(SENTENCE)) + 16
         opened = await sealer.open(KEY, [raw])
         assert opened == [_entry("m1", 7, b"," + _body(SENTENCE)[1:])]
         assert orjson.loads(opened[0])["content"] == SENTENCE
@@ -81,16 +104,51 @@ def test_moved_or_altered_ciphertext_is_refused(tmp_path: Path) -> None:
             await sealer.open(OTHER, [raw])  # copied to another conversation of the same agent
         with pytest.raises(SealedEntryInvalid):
             await sealer.open(KEY, [raw.replace(b'"id":"m1"', b'"id":"m2"')])  # another id
-        blob = bytearray(base64.b64decode(raw.split(b'"sealed":"')[1][:-2]))
-        blob[-1] ^= 1
-        flipped = raw.split(b'"sealed":"')[0] + b'"sealed":"' + base64.b64encode(bytes(blob)) + b'"}'
-        with pytest.raises(SealedEntryInvalid):
-            await sealer.open(KEY, [flipped])
-        with pytest.raises(SealedEntryInvalid):
-            await sealer.open(KEY, [raw.replace(b'"sealed":"', b'"sealed":"!!')])
+        for at in (-1, 0, 9, 21):  # the tag, the format byte, the nonce, the ciphertext
+            with pytest.raises(SealedEntryInvalid):
+                await sealer.open(KEY, [_flipped(raw, at)])
+        with pytest.raises(SealedEntryInvalid):  # cut short: no room for a nonce
+            await sealer.open(KEY, [raw[: raw.index(_RAW_MARK) + len(_RAW_MARK) + 12]])
         # A sealed part behind a head that names no id is refused, not answered as a plain entry.
         with pytest.raises(SealedEntryInvalid):
             await sealer.open(KEY, [raw.replace(b'{"id":"m1",', b'{"di":"m1",')])
+
+    asyncio.run(scenario())
+
+
+def test_entries_sealed_in_base64_before_still_open(tmp_path: Path) -> None:
+    """No migration: a conversation may hold entries sealed in the base64 form, in the raw form and unsealed,
+    side by side, and each opens (or is refused, or is left out once its key is erased) as before."""
+
+    async def scenario() -> None:
+        sealer = Sealer(_keyring(tmp_path / "kek", "k1"), DirectoryDataKeyStore(tmp_path / "deks"))
+        cold = Sealer(sealer.wrapper, sealer.keys, opened_bytes=0)
+        older = await _sealed_in_base64(sealer, KEY, "m1", "sealed before", version=1)
+        legacy = _entry("m2", 2, b"," + _body("stored unsealed")[1:])
+        # An unsealed entry whose item has a "sealed" key is still an unsealed entry.
+        with_item = _entry("m3", 3, b"," + _body("with an item")[1:-1] + b',"item":{"a":1,"sealed":"QUJD"}}')
+        with_number = _entry("m4", 4, b"," + _body("with an item")[1:-1] + b',"item":{"a":1,"sealed":7}}')
+        newer = await _sealed(sealer, KEY, "m5", "sealed now", version=5)
+        window = [older, legacy, with_item, with_number, newer]
+        expected = [
+            _entry("m1", 1, b"," + _body("sealed before")[1:]),
+            legacy,
+            with_item,
+            with_number,
+            _entry("m5", 5, b"," + _body("sealed now")[1:]),
+        ]
+        assert await cold.open(KEY, window) == expected
+        assert await sealer.open(KEY, window) == expected
+        assert await sealer.open(KEY, [bytes(bytearray(raw)) for raw in window]) == expected  # remembered
+        blob = older.split(b'"sealed":"')[1][:-2]
+        altered = bytearray(base64.b64decode(blob))
+        altered[-1] ^= 0x01
+        with pytest.raises(SealedEntryInvalid):
+            await cold.open(KEY, [older.replace(blob, base64.b64encode(bytes(altered)))])
+        with pytest.raises(SealedEntryInvalid):
+            await cold.open(OTHER, [older])  # bound to its conversation as before
+        await sealer.erase(unit_of(KEY))
+        assert await sealer.open(KEY, window) == [legacy, with_item, with_number]
 
     asyncio.run(scenario())
 
@@ -188,10 +246,7 @@ def test_a_window_read_again_or_moved_on_answers_what_opening_does(tmp_path: Pat
         await same(stored[6:12])
         await same([stored[3]])  # a pop's or a summary's one entry leaves the window as it was
         await same(stored[6:12])
-        blob = stored[8].split(b'"sealed":"')[1][:-2]
-        altered = bytearray(base64.b64decode(blob))
-        altered[-1] ^= 0x01
-        tampered = [*stored[6:8], stored[8].replace(blob, base64.b64encode(bytes(altered))), *stored[9:12]]
+        tampered = [*stored[6:8], _flipped(stored[8]), *stored[9:12]]
         with pytest.raises(SealedEntryInvalid):
             await sealer.open(KEY, tampered)
 

@@ -16,6 +16,7 @@ import httpx
 import orjson
 import pytest
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from sessionmem_core import api, env
@@ -26,7 +27,6 @@ from sessionmem_core.env import ProxySettings
 from sessionmem_core.keys import Owner, per_user_key, session_key
 from sessionmem_proxy.app import create_app
 from sessionmem_proxy.datakeys import Keyring, new_kek
-from sessionmem_proxy.sealing import sealed_context
 from tests.support.serving import served_client
 from tests.support.store_variants import UNTHROTTLED
 from tests.support.valkey import ValkeyProcess
@@ -38,8 +38,11 @@ USER = "end-user-7"
 # What the end user says, and what the agent keeps in its own (not per-user) memory.
 SENTENCE = "My passport number is QX7741903 and I live at 12 Lindenweg"
 AGENT_NOTE = "Warehouse restock is due on Thursday for aisle nine"
-_SEALED_ENTRY = re.compile(rb'\{"id":"([^"]+)","v":\d+[^{}]*?,"sealed":"([A-Za-z0-9+/=]+)"\}')
-_CONVERSATION_KEY = re.compile(rb"mem:[A-Za-z0-9/_.:-]+")
+# Where a sealed part starts: in raw bytes (its format byte 0x02), or in base64 (as entries were sealed before).
+_SEALED_PART = re.compile(rb',"sealed":(?:\x02|"([A-Za-z0-9+/=]+)")')
+# A raw sealed part's end is not marked in the files: this many bytes after its nonce are read (more than
+# any entry here holds; what follows it decrypts to noise).
+_LONGEST_CIPHERTEXT = 4096
 
 
 @dataclass
@@ -79,19 +82,28 @@ def _remaining_keys(world: World) -> list[bytes]:
     return deks
 
 
-def _recoverable(files: dict[str, bytes], deks: list[bytes]) -> list[bytes]:
-    """Every sealed entry in the files opened with every data key against every conversation key in the
-    files (what binds it is no secret): the plain texts that come out."""
+def _sealed_parts(files: dict[str, bytes]) -> list[bytes]:
+    """Every sealed part of an entry in the files, from its DEK id on."""
     everything = b"".join(files.values())
-    conversation_keys = {k.rstrip(b":") for k in _CONVERSATION_KEY.findall(everything)}
+    parts: list[bytes] = []
+    for match in _SEALED_PART.finditer(everything):
+        if match.group(1):
+            parts.append(base64.b64decode(match.group(1))[1:])
+        else:
+            parts.append(everything[match.end() : match.end() + 8 + 12 + _LONGEST_CIPHERTEXT])
+    return parts
+
+
+def _recoverable(files: dict[str, bytes], deks: list[bytes]) -> list[bytes]:
+    """Every sealed part in the files decrypted with every data key, its tag not checked (AES-GCM's counter
+    mode alone): what an attacker holding the key reads, without knowing where the part ends, nor the
+    conversation and the id it is bound to."""
     opened: list[bytes] = []
-    for entry_id, blob_text in _SEALED_ENTRY.findall(everything):
-        blob = base64.b64decode(blob_text)
-        header, nonce, body = blob[:9], blob[9:21], blob[21:]
+    for part in _sealed_parts(files):
+        nonce, body = part[8:20], part[20:]
         for dek in deks:
-            for key in conversation_keys:
-                with contextlib.suppress(InvalidTag):
-                    opened.append(AESGCM(dek).decrypt(nonce, body, sealed_context(key.decode(), entry_id, header)))
+            decryptor = Cipher(algorithms.AES(dek), modes.CTR(nonce + b"\0\0\0\x02")).decryptor()
+            opened.append(decryptor.update(body) + decryptor.finalize())
     return opened
 
 
@@ -196,7 +208,8 @@ async def test_sealed_memory_never_reaches_the_disk_and_is_gone_with_its_key(
         # random life id in clear, and nothing else.
         stored = aof_valkey.client().lrange(world.user_key, 0, 0)[0]
         clear_head = rb'\{"id":"[^"]+","v":1,"life":"[A-Za-z0-9_-]+",'
-        assert re.fullmatch(clear_head + rb'"sealed":"[A-Za-z0-9+/=]+"\}', stored), stored
+        # The rest is sealed, in raw bytes: the format byte, the DEK id, the nonce, the ciphertext and its tag.
+        assert re.fullmatch(clear_head + rb'"sealed":\x02.{36,}', stored, re.S), stored
         # Before the erasure, what the keys open is the conversation (the method below can find it).
         before = _recoverable(files, _remaining_keys(world))
         assert any(SENTENCE.encode() in text for text in before)
@@ -211,7 +224,7 @@ async def test_sealed_memory_never_reaches_the_disk_and_is_gone_with_its_key(
 
         files = _persist(aof_valkey)
         # The AOF still holds the erased entries' bytes (an erasure is a DEL appended to it) ...
-        assert len(_SEALED_ENTRY.findall(b"".join(files.values()))) >= 3
+        assert len(_sealed_parts(files)) >= 3
         after = _recoverable(files, _remaining_keys(world))
         # ... and nothing left opens them, while the agent's own memory (not erased) still opens.
         assert not any(b"passport" in text or b"4421" in text for text in after)
@@ -247,7 +260,7 @@ async def test_operations_work_on_sealed_entries(aof_valkey: ValkeyProcess, tmp_
         branch = (await client.get(api.entries_path("branch"))).json()
         assert [e["content"] for e in branch["entries"]] == ["one", "two"]
         stored = aof_valkey.client().lrange(session_key(OWNER, "branch"), 0, -1)
-        assert all(b'"sealed":"' in raw and b"one" not in raw for raw in stored)
+        assert all(b',"sealed":\x02' in raw and b"one" not in raw for raw in stored)
         rewound = await client.post("/v1/conversations/src/rewind", json={"toVersion": 1})
         assert rewound.status_code == 200, rewound.text
         assert [e["content"] for e in (await client.get(api.entries_path("src"))).json()["entries"]] == ["one"]
@@ -270,10 +283,9 @@ async def test_a_moved_or_altered_entry_is_refused(aof_valkey: ValkeyProcess, tm
         refused = await world.client.get(api.entries_path("b"))
         assert refused.status_code == 500
         assert refused.json()["error"]["type"] == "sealed_entry_invalid"
-        blob = moved.split(b'"sealed":"')[1][:-2]
-        raw = bytearray(base64.b64decode(blob))
-        raw[30] ^= 0x01
-        sync.lset(session_key(OWNER, "a"), 0, moved.replace(blob, base64.b64encode(bytes(raw))))
+        flipped = bytearray(moved)
+        flipped[-1] ^= 0x01  # the tag
+        sync.lset(session_key(OWNER, "a"), 0, bytes(flipped))
         altered = await world.client.get(api.entries_path("a"))
         assert altered.json()["error"]["type"] == "sealed_entry_invalid"
 
