@@ -146,3 +146,41 @@ async def test_an_agent_asking_again_before_its_retry_after_is_answered_only_the
         # Not answered before the Retry-After it was given had passed (at most a second of it is held):
         # the earliest bound, which no slowness of the machine can break.
         assert answered_at - before_refusal >= min(retry_after, 1.0)
+
+
+# Prose: ranking it costs far more CPU than reading it (every word is a token). ~1.7 MiB in all, less than
+# the 2 MiB burst of a 1 MiB/s transfer rate: read alone, the search leaves the agent within its rate.
+PROSE = "the quick brown fox jumps over the lazy dog while seven wizards quietly hex " * 640
+PROSE_ENTRIES = 36
+SEARCH_RATE = 1024 * 1024
+
+
+def test_the_cpu_of_a_search_is_charged_to_the_agent(valkey: ValkeyProcess) -> None:
+    writer = _one_worker(valkey, **{env.QUOTA_BYTES_PER_SECOND: str(1 << 40)})
+    searcher = _one_worker(
+        valkey,
+        **{
+            env.QUOTA_BYTES_PER_SECOND: str(SEARCH_RATE),
+            env.QUOTA_REQUESTS_PER_SECOND: "1000",
+            env.QUOTA_BURST: "1000",
+        },
+    )
+    try:
+        writer.start()
+        with httpx.Client(base_url=writer.base_url, headers=GREEDY, timeout=30) as client:
+            for i in range(0, PROSE_ENTRIES, 6):
+                body = {"entries": [{"role": "user", "content": PROSE} for _ in range(6)]}
+                assert client.post("/v1/conversations/prose/entries", json=body).status_code == 200
+        stored = PROSE_ENTRIES * len(PROSE)
+        assert stored < 2 * env.MAX_BODY_BYTES - SEARCH_RATE // 4, "the bytes alone leave the burst unspent"
+        searcher.start()
+        with httpx.Client(base_url=searcher.base_url, headers=GREEDY, timeout=60) as client:
+            found = client.get("/v1/conversations/prose/search", params={"q": "needle"})
+            after = client.get("/v1/conversations/prose/entries", params={"limit": 1})
+    finally:
+        searcher.stop()
+        writer.stop()
+    assert found.status_code == 200 and found.json()["matches"] == [], found.text[:200]
+    # Ranking every word took the worker far more CPU than moving the bytes; charged at ten seconds of the
+    # rate per CPU-second, it leaves the agent in debt, refused until it has paid.
+    assert after.status_code == 429 and "transfer rate" in after.json()["error"]["message"], after.text[:200]
