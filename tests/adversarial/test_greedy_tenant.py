@@ -74,8 +74,7 @@ async def test_an_agents_big_reads_past_its_share_are_429_while_another_agents_i
     ) as client:
         # Valkey paused: every read below waits on its plan, so the greedy agent's reads all find their window
         # too big for the script at the same moment, and are all in the proxy at once however fast it is.
-        with valkey.client() as admin:
-            admin.execute_command("CLIENT", "PAUSE", PAUSE_MS, "ALL")
+        valkey.client().execute_command("CLIENT", "PAUSE", str(PAUSE_MS), "ALL")
         answers = await asyncio.gather(
             *(client.get(path.format("hoard"), headers=GREEDY) for _ in range(GREEDY_READS)),
             client.get(path.format("notes"), headers=POLITE),
@@ -96,6 +95,10 @@ async def test_an_agents_big_reads_past_its_share_are_429_while_another_agents_i
             assert "big answers" in answer.json()["error"]["message"]
 
 
+SLOTS = 8
+HELD = 12
+
+
 @pytest.fixture
 def slow_rate_proxy(valkey: ValkeyProcess) -> Iterator[ServiceProcess]:
     process = _one_worker(
@@ -104,16 +107,14 @@ def slow_rate_proxy(valkey: ValkeyProcess) -> Iterator[ServiceProcess]:
             # No token comes back during the test: the burst is what each agent has.
             env.QUOTA_REQUESTS_PER_SECOND: "0.01",
             env.QUOTA_BURST: "3",
-            # Fewer request slots than the greedy agent's refused requests below.
-            env.MAX_CONNECTIONS: "4",
+            # Fewer request slots than the greedy agent's refused requests below (and twice as many
+            # connections: every client connection here is accepted).
+            env.MAX_CONNECTIONS: str(SLOTS),
         },
     )
     process.start()
     yield process
     process.stop()
-
-
-HELD = 8
 
 
 async def test_an_agent_asking_again_before_its_retry_after_is_answered_only_then(
@@ -168,7 +169,7 @@ def test_the_cpu_of_a_search_is_charged_to_the_agent(valkey: ValkeyProcess) -> N
     try:
         writer.start()
         with httpx.Client(base_url=writer.base_url, headers=GREEDY, timeout=30) as client:
-            for i in range(0, PROSE_ENTRIES, 6):
+            for _ in range(PROSE_ENTRIES // 6):
                 body = {"entries": [{"role": "user", "content": PROSE} for _ in range(6)]}
                 assert client.post("/v1/conversations/prose/entries", json=body).status_code == 200
         stored = PROSE_ENTRIES * len(PROSE)
