@@ -9,7 +9,11 @@ and searches of the whole conversation. The figure is the victim's p99 under noi
 p99, each over the samples of every round; the report also gives what the noisy tenant was answered (its
 429s and 507s are the quotas doing their work). A second figure is the victim's p99 while strangers (no
 credentials) hold connections open with request heads that promise a body and never send it, about a
-thousand at once, reopened ~70 a second (``flood``), as a ratio of the same quiet p99.
+thousand at once, reopened ~70 a second (``flood``), as a ratio of the same quiet p99. A third is the
+victim's p99 while the second agent floods with its own credentials (``greedy``): reads of its last 500
+entries and searches of its huge conversation on sixteen connections, each asking again as soon as it is
+answered, whatever ``Retry-After`` says (so almost all its requests are refused), as a ratio of the same
+quiet p99: what a tenant's refused and admitted flood costs the others.
 
 ``python -m bench.noisy`` runs it on its own (the proxy and a valkey-server of its own, then prints the
 figures); ``make bench`` runs it as the ``noisy`` section.
@@ -54,6 +58,8 @@ ROUNDS = 3
 FLOOD_CONNECTIONS = 1030
 FLOOD_REOPEN_PER_SECOND = 70.0
 FLOOD_THREADS = 8
+# The authenticated greedy flood: connections, each alternating big reads and searches without a pause.
+GREEDY_CONNECTIONS = 16
 
 
 @dataclass
@@ -78,6 +84,10 @@ class NoisyResult:
     flood: VictimRun | None = None
     flood_p99_ratio: float | None = None
     flood_connections: int = 0
+    # The victim while the noisy tenant floods with big reads and searches (``greedy``), and that p99 over
+    # the quiet one.
+    greedy: VictimRun | None = None
+    greedy_p99_ratio: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -239,6 +249,40 @@ def hammer(port: int, seconds: float, burst_rps: float) -> dict[str, int]:
     return dict(answers)
 
 
+def greedy(port: int, seconds: float) -> dict[str, int]:
+    """The noisy tenant flooding with its own credentials: ``GREEDY_CONNECTIONS`` connections, half reading
+    the last 500 entries of its huge conversation and half searching it, each sending its next request as
+    soon as the last is answered (never waiting the ``Retry-After`` of a 429), until ``seconds`` have
+    passed. Returns how it was answered, by kind and status."""
+    answers: Counter[str] = Counter()
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+    kinds = {
+        "bigread": f"{api.entries_path('huge')}?limit={HUGE_ENTRIES}",
+        "search": f"{api.search_path('huge')}?q=needle&limit=50",
+    }
+
+    def loop(kind: str) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        while time.monotonic() < deadline:
+            try:
+                status, _ = _request(conn, "GET", kinds[kind], NOISY)
+            except (OSError, http.client.HTTPException):
+                status = 0
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            with lock:
+                answers[f"greedy {kind} {status}"] += 1
+        conn.close()
+
+    threads = [threading.Thread(target=loop, args=(sorted(kinds)[i % 2],)) for i in range(GREEDY_CONNECTIONS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return dict(answers)
+
+
 def flood(port: int, seconds: float) -> dict[str, int]:
     """Strangers: request heads without credentials that declare a 100-byte body and never send it,
     ``FLOOD_CONNECTIONS`` of them held at once, the oldest closed and a new one opened
@@ -326,6 +370,7 @@ def run(valkey_url: str, seconds: float, workers: int = 2, rounds: int = ROUNDS)
     svc = HttpService(f"proxy-w{workers}", argv, proxy_env, port)
     svc.start()
     quiet, noisy, flooded, answers = VictimSamples(), VictimSamples(), VictimSamples(), Counter[str]()
+    flooded_by_greedy = VictimSamples()
     flood_counts: Counter[str] = Counter()
     try:
         seed(port)
@@ -338,11 +383,16 @@ def run(valkey_url: str, seconds: float, workers: int = 2, rounds: int = ROUNDS)
             flood_sample, flood_answered = _under_noise(port, seconds, "flood")
             flooded.add(flood_sample)
             flood_counts.update(flood_answered)
+            greedy_sample, greedy_answered = _under_noise(port, seconds, "greedy")
+            flooded_by_greedy.add(greedy_sample)
+            answers.update(greedy_answered)
     finally:
         svc.stop()
     quiet_run, noisy_run, flood_run = quiet.summary(), noisy.summary(), flooded.summary()
+    greedy_run = flooded_by_greedy.summary()
     ratio = noisy_run.p99_ms / quiet_run.p99_ms if quiet_run.p99_ms else float("inf")
     flood_ratio = flood_run.p99_ms / quiet_run.p99_ms if quiet_run.p99_ms else float("inf")
+    greedy_ratio = greedy_run.p99_ms / quiet_run.p99_ms if quiet_run.p99_ms else float("inf")
     answers.update({f"flood {kind}": count for kind, count in flood_counts.items()})
     return NoisyResult(
         quiet_run,
@@ -354,12 +404,14 @@ def run(valkey_url: str, seconds: float, workers: int = 2, rounds: int = ROUNDS)
         flood_run,
         round(flood_ratio, 2),
         flood_counts.get("opened", 0),
+        greedy_run,
+        round(greedy_ratio, 2),
     )
 
 
 def _under_noise(port: int, seconds: float, kind: str = "hammer") -> tuple[VictimSamples, dict[str, int]]:
-    """The victim measured while the noisy tenant (``hammer``) or the strangers (``flood``), a process of
-    their own, load the proxy."""
+    """The victim measured while the noisy tenant (``hammer``, ``greedy``) or the strangers (``flood``), a
+    process of their own, load the proxy."""
     noisy_proc = subprocess.Popen(
         [*hammer_priority(), sys.executable, "-m", "bench.noisy", kind, "--port", str(port),
          "--seconds", str(seconds + 1.0), "--burst-rps", str(VICTIM_RPS * BURST_FACTOR)],
@@ -388,6 +440,10 @@ def main() -> None:
     flood_args.add_argument("--port", type=int, required=True)
     flood_args.add_argument("--seconds", type=float, required=True)
     flood_args.add_argument("--burst-rps", type=float, default=0.0, help="unused (the same call as hammer)")
+    greedy_args = sub.add_parser("greedy", help="be the tenant flooding with big reads (used by the benchmark)")
+    greedy_args.add_argument("--port", type=int, required=True)
+    greedy_args.add_argument("--seconds", type=float, required=True)
+    greedy_args.add_argument("--burst-rps", type=float, default=0.0, help="unused (the same call as hammer)")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per round, quiet and noisy each")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="alternating quiet and noisy rounds, pooled")
     parser.add_argument("--workers", type=int, default=2, help="proxy worker processes")
@@ -397,6 +453,9 @@ def main() -> None:
         return
     if args.command == "flood":
         print(json.dumps(flood(args.port, args.seconds)), flush=True)
+        return
+    if args.command == "greedy":
+        print(json.dumps(greedy(args.port, args.seconds)), flush=True)
         return
     valkey = Valkey()
     valkey.start()

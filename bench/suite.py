@@ -255,6 +255,11 @@ class Suite:
             f"  victim p99 {result.quiet.p99_ms:.3f} ms quiet, {result.noisy.p99_ms:.3f} ms noisy "
             f"({result.p99_ratio:.2f}x); noisy tenant answered {result.noisy_answers}"
         )
+        if result.greedy is not None:
+            self.log(
+                f"  victim p99 {result.greedy.p99_ms:.3f} ms while the neighbour floods with big reads "
+                f"({result.greedy_p99_ratio:.2f}x)"
+            )
 
     def _seed(self) -> None:
         assert self.valkey is not None

@@ -139,14 +139,17 @@ class Overloaded(SessionMemError):
 
 
 class RateLimited(SessionMemError):
-    """The agent sent more requests than its rate allows; ``retry_after`` seconds until it may again."""
+    """The agent sent more requests than its rate allows; ``retry_after`` seconds until it may again.
+    ``hold_seconds``: how long the answer waits before it is sent (an agent asking again before the
+    ``Retry-After`` it was given had passed: ``sessionmem_proxy.admission.Quotas``)."""
 
     error_type = "rate_limited"
     status = 429
 
-    def __init__(self, message: str, retry_after: int = 1) -> None:
+    def __init__(self, message: str, retry_after: int = 1, hold_seconds: float = 0.0) -> None:
         super().__init__(message)
         self.retry_after = max(1, retry_after)
+        self.hold_seconds = hold_seconds
 
     def headers(self) -> list[tuple[str, str]]:
         return [("retry-after", str(self.retry_after))]

@@ -361,9 +361,16 @@ class KeyResolver:
 #   in debt is refused before its body is read (the proxy neither reads nor parses what it sends); a body
 #   is charged by its size once served, an answer by its size once built, an export page by its size, each
 #   page answered once the bucket is out of debt (an export is paced, not refused). An agent whose bucket
-#   is in debt is refused until it is not. At most ``STREAMS_PER_AGENT`` export pages of an agent are read
-#   at once in a worker. Without it, one tenant exporting huge conversations in a loop takes the proxy's
-#   CPU from every other (docs/benchmarks.md, noisy neighbour).
+#   is in debt is refused until it is not. At most ``STREAMS_PER_AGENT`` big answers of an agent (export
+#   pages, searches, windows read apart from the script) are read at once in a worker. Without it, one
+#   tenant exporting huge conversations in a loop takes the proxy's CPU from every other, and one reading
+#   big windows on many connections takes every connection a worker reads them on (docs/benchmarks.md,
+#   noisy neighbour).
+# - A refusal costs the proxy about what serving a small read does, so an agent that asks again at once,
+#   on many connections, would take a worker's CPU with refusals alone. So an agent refused again before
+#   the ``Retry-After`` it was last given has passed is answered only once it has, holding that answer at
+#   most ``REFUSAL_HOLD_SECONDS``, after the request left its slot (``Quotas.refusal``): a client that
+#   keeps asking is answered about once a second per connection, one that waits as told never waits more.
 
 # Operations that store something, and so are checked against the storage quota.
 WRITES = frozenset(operation.op for operation in api.MEMORY_OPERATIONS if operation.writes)
@@ -373,6 +380,8 @@ _REMEMBERED = 10_000
 STREAMS_PER_AGENT = 2
 # How many seconds of its transfer rate one CPU-second of work done for an agent alone (redaction) costs it.
 CPU_SECOND_COST = 10.0
+# The longest an agent's refusal is held before it is answered (``Quotas.refusal``).
+REFUSAL_HOLD_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -530,6 +539,8 @@ class Quotas:
         self._buckets: dict[Owner, TokenBucket] = {}
         self._transfers: dict[Owner, TokenBucket] = {}
         self._streams: dict[Owner, int] = {}
+        # When each agent refused here may ask again: the latest Retry-After it was given.
+        self._refused_until: dict[Owner, float] = {}
 
     async def policy_of(self, owner: Owner) -> QuotaLimits:
         return self._limits.cached(owner) or await self._limits.limits_of(owner)
@@ -578,11 +589,18 @@ class Quotas:
             await asyncio.sleep(-bucket.tokens / rate)
 
     def open_stream(self, owner: Owner) -> Callable[[], None]:
-        """Count one of the agent's export pages being read in this worker, 429 past ``STREAMS_PER_AGENT``;
-        it ends when the returned function is called (again: no effect)."""
+        """Count one of the agent's big answers (an export page, a search, a window read apart) being read
+        in this worker, 429 past ``STREAMS_PER_AGENT``; it ends when the returned function is called
+        (again: no effect)."""
         running = self._streams.get(owner, 0)
         if running >= STREAMS_PER_AGENT:
-            raise RateLimited(f"{owner.author} already runs {running} exports in this proxy worker; retry")
+            raise self.refusal(
+                owner,
+                f"{owner.author} already reads {running} big answers (exports, searches, large windows) "
+                "at once in this proxy worker; retry",
+                1.0,
+                self._clock(),
+            )
         self._streams[owner] = running + 1
         ended = False
 
@@ -622,9 +640,11 @@ class Quotas:
         bucket = self._transfer_bucket(owner, limits, now)
         rate, burst = self._transfer_rate(limits)
         if bucket is not None and bucket.refill(now, rate, burst) < 0:
-            wait = -bucket.tokens / rate
-            raise RateLimited(
-                f"{owner.author} is over its transfer rate of {limits.bytes_per_second:g} bytes/s", math.ceil(wait)
+            raise self.refusal(
+                owner,
+                f"{owner.author} is over its transfer rate of {limits.bytes_per_second:g} bytes/s",
+                -bucket.tokens / rate,
+                now,
             )
 
     def _take_token(self, owner: Owner, limits: QuotaLimits, now: float) -> None:
@@ -635,9 +655,23 @@ class Quotas:
             bucket = self._buckets[owner] = TokenBucket(self._request_rate(limits)[1], now)
         wait = bucket.take(now, *self._request_rate(limits))
         if wait:
-            raise RateLimited(
-                f"{owner.author} is over its rate of {limits.requests_per_second:g} requests/s", math.ceil(wait)
+            raise self.refusal(
+                owner, f"{owner.author} is over its rate of {limits.requests_per_second:g} requests/s", wait, now
             )
+
+    def refusal(self, owner: Owner, message: str, wait: float, now: float) -> RateLimited:
+        """The 429 of an agent that may ask again in ``wait`` seconds (its ``Retry-After``, whole seconds).
+        Held before it is answered (``hold_seconds``, at most ``REFUSAL_HOLD_SECONDS``) when the agent asks
+        while a ``Retry-After`` it was given has not passed: refusing costs the proxy about what serving a
+        small read does, and an agent that asks again at once on many connections would otherwise take a
+        worker's CPU from every other with refusals alone. One that waits as told is answered at once."""
+        retry_after = max(1, math.ceil(wait))
+        until = self._refused_until.get(owner)
+        hold = 0.0 if until is None else min(max(0.0, until - now), REFUSAL_HOLD_SECONDS)
+        if until is None and len(self._refused_until) >= _REMEMBERED:
+            self._refused_until.clear()
+        self._refused_until[owner] = max(until or 0.0, now + hold + retry_after)
+        return RateLimited(message, retry_after, hold)
 
     async def check_storage(self, limits: QuotaLimits, key: str) -> None:
         """Admit a write to a second conversation of an admitted operation (a fork's new one) against the

@@ -3,6 +3,10 @@ user-wide ones (list, clear, erase a user). Each erasure says what it removed.""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Iterator, Sequence
+
 import orjson
 from pydantic import BaseModel
 
@@ -37,13 +41,34 @@ from sessionmem_proxy.operations import (
 )
 from sessionmem_proxy.store import READ_ANSWER_BYTES, CatalogueRecord, SearchRanking, without_rewound_at, written_at
 
+# How many bytes of entries a search ranks before it lets the worker serve others (``search``).
+SEARCH_SLICE_BYTES = 16 * 1024
+
+
+def _slices(raw_entries: Sequence[bytes], size: int) -> Iterator[Sequence[bytes]]:
+    """The entries in runs of about ``size`` bytes (at least one entry each), in order."""
+    start, used = 0, 0
+    for i, raw in enumerate(raw_entries):
+        used += len(raw)
+        if used >= size:
+            yield raw_entries[start : i + 1]
+            start, used = i + 1, 0
+    if start < len(raw_entries):
+        yield raw_entries[start:]
+
 
 async def search(ctx: ProxyContext, p: SearchParams, _: BaseModel | None) -> Reply:
     """Keyword search over the whole conversation, read a page at a time as an export is (``export_page``):
     each page is charged to the agent's transfer rate as it is read, and the next read only once the
     agent's bucket is out of debt (``Quotas.pace``), so a search costs what an export of the same
     conversation does; at most ``STREAMS_PER_AGENT`` of an agent's searches and export pages run at once
-    in a worker. The answer keeps the best matches that fit in ``READ_ANSWER_BYTES``."""
+    in a worker. The answer keeps the best matches that fit in ``READ_ANSWER_BYTES``.
+
+    Ranking parses and tokenizes every entry, which costs far more CPU than moving its bytes (for prose,
+    many times more): so its CPU time is charged to the agent's transfer rate as redaction's is
+    (``Quotas.charge_cpu``), and a page is ranked a slice of ``SEARCH_SLICE_BYTES`` at a time, the worker
+    serving what else waits in between. Ranked whole, a page held every other request on the worker for
+    all of its ranking."""
     quotas = ctx.quotas
     async with operation(ctx, "search", p) as op:
         owner = op.identity.owner
@@ -56,7 +81,11 @@ async def search(ctx: ProxyContext, p: SearchParams, _: BaseModel | None) -> Rep
                 page = await export_page(ctx.store, op.key, offset)
                 offset = page.next_offset
                 await quotas.pace(owner, sum(map(len, page.raw_entries)))
-                ranking.add(page.raw_entries)
+                for part in _slices(page.raw_entries, SEARCH_SLICE_BYTES):
+                    began = time.thread_time()
+                    ranking.add(part)
+                    quotas.charge_cpu(owner, op.limits, time.thread_time() - began)
+                    await asyncio.sleep(0)
         finally:
             end()
         matches = ranking.best(READ_ANSWER_BYTES)

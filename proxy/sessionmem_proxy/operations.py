@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
+from functools import partial
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 import orjson
@@ -577,10 +578,14 @@ async def new_entries(
 
 
 async def read_entries(ctx: ProxyContext, p: ReadParams, _: BaseModel | None) -> Reply:
+    """The window: a window too large for the store's script is read apart, on one of the few Valkey
+    connections a worker reads such answers on, and counts with the agent's exports and searches
+    (``Quotas.open_stream``), so one agent's burst of big reads never takes them all."""
     async with operation(ctx, "get", p) as op:
         limit = p.limit
         store = ctx.store
-        result = await (store.read_with_summary(op.key, limit) if p.summary else store.read(op.key, limit))
+        big = partial(ctx.quotas.open_stream, op.identity.owner)
+        result = await (store.read_with_summary(op.key, limit, big) if p.summary else store.read(op.key, limit, big))
         op.span.entries, op.span.version = len(result.raw_entries), result.version
         # A read with the summary has no ETag: recording a summary leaves the version as it is.
         etag = None if p.summary or result.life is None else api.etag(result.life, result.version)

@@ -27,6 +27,7 @@ from sessionmem_core.errors import (
     MethodNotAllowed,
     NotFound,
     Overloaded,
+    RateLimited,
     SessionMemError,
 )
 from sessionmem_infra.serving import (
@@ -485,7 +486,7 @@ class ProxyApp:
                 uploader = await self._verify(route, headers, upload=True)
             except SessionMemError as exc:
                 # The body stays unread: the connection cannot carry another request.
-                refused = _typed(exc)
+                refused = await _refused(exc)
                 refused.headers = [*refused.headers, CONNECTION_CLOSE]
                 return refused
             values.verified = uploader  # a route with a body acts on one conversation
@@ -505,7 +506,7 @@ class ProxyApp:
                 # 400) count too: what was read and dropped cost the same.
                 self.ctx.quotas.charge(uploader.owner, meter.received)
         except SessionMemError as exc:
-            return _typed(exc)
+            return await _refused(exc)
         except Exception as exc:
             _LOG.exception("unhandled error")
             return internal_error_reply(exc)
@@ -542,6 +543,15 @@ class ProxyApp:
             self.ctx.metrics.observe(route.op, exc.error_type, (time.perf_counter() - started) * 1000.0)
             raise
         return identity
+
+
+async def _refused(error: SessionMemError) -> Reply:
+    """The typed answer of a request refused or failed, once its hold has passed (a 429 to an agent that
+    asked again too soon: ``Quotas.refusal``). It waits here, after the request left its slot: holding
+    refusals costs the worker a timer each, never one of its request slots."""
+    if isinstance(error, RateLimited) and error.hold_seconds > 0:
+        await asyncio.sleep(error.hold_seconds)
+    return _typed(error)
 
 
 def _typed(error: SessionMemError) -> Reply:

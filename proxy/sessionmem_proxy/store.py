@@ -54,6 +54,9 @@ _T = TypeVar("_T")
 # What turns an entry's id and its fields (a JSON object) into what follows its id and version when it is
 # stored: sealed (``sealing.Sealer.seal``), or as they are.
 Seal = Callable[[str, bytes], bytes]
+# Admits one window read apart from its script (the caller's per-agent limit: it raises to refuse) and
+# returns what ends it.
+BigRead = Callable[[], Callable[[], None]]
 
 _LOG = logging.getLogger("sessionmem.store")
 
@@ -1354,20 +1357,21 @@ class ConversationStore:
             ),
         )
 
-    async def read(self, key: str, limit: int) -> ReadResult:
-        """The newest ``limit`` entries that fit in ``READ_ANSWER_BYTES`` (always the newest one)."""
+    async def read(self, key: str, limit: int, big: BigRead | None = None) -> ReadResult:
+        """The newest ``limit`` entries that fit in ``READ_ANSWER_BYTES`` (always the newest one); ``big``
+        admits a window read apart from the script (``_read_big``), if given."""
         if limit <= 0:
             raw: list[bytes] = await self._guard(self._client.lrange(key, -1, -1))
             newest = raw[0] if raw else None
             return ReadResult(version=version_of(newest) if newest else 0, raw_entries=[], life=life_of(newest))
-        _head, raw, _ = await self._window(key, limit, "", None)
+        _head, raw, _ = await self._window(key, limit, "", None, big)
         newest = raw[-1] if raw else None
         version = version_of(newest) if newest else 0
         if self.sealer is not None:
             raw = await self.sealer.open(key, raw)
         return ReadResult(version=version, raw_entries=raw, life=life_of(newest))
 
-    async def read_with_summary(self, key: str, limit: int) -> ReadResult:
+    async def read_with_summary(self, key: str, limit: int, big: BigRead | None = None) -> ReadResult:
         """``read`` (bounded by bytes as it is), and the conversation's summary: its compaction summary, with
         the window's entries after the version it covers; or else (none recorded) the rolling summary at the
         list's head when it is outside the window."""
@@ -1375,14 +1379,14 @@ class ConversationStore:
             return await self.read(key, 0)
         summaries = usage_keys_of(key)[3] if self.ledger is not None else None
         if summaries is not None and self._counted:
-            head, window, compacted = await self._window(key, limit, SUMMARY_ID_PREFIX, summaries)
+            head, window, compacted = await self._window(key, limit, SUMMARY_ID_PREFIX, summaries, big)
         else:
             head = await self._guard(self._summary_of(keys=[summaries], args=[key])) if summaries else b""
             compacted = 1 if head else 0
             if head:
-                _, window, _ = await self._window(key, limit, "", None)
+                _, window, _ = await self._window(key, limit, "", None, big)
             else:
-                head, window, _ = await self._window(key, limit, SUMMARY_ID_PREFIX, None)
+                head, window, _ = await self._window(key, limit, SUMMARY_ID_PREFIX, None, big)
         version = version_of(window[-1]) if window else 0
         if int(compacted):
             through = written_at(head)
@@ -1393,9 +1397,11 @@ class ConversationStore:
             return ReadResult(version=version, raw_entries=opened, raw_summary=summary[0] if summary else None)
         return ReadResult(version=version, raw_entries=list(window), raw_summary=head or None)
 
-    async def _window(self, key: str, limit: int, prefix: str, summaries: str | None) -> tuple[bytes, list[bytes], int]:
+    async def _window(
+        self, key: str, limit: int, prefix: str, summaries: str | None, big: BigRead | None = None
+    ) -> tuple[bytes, list[bytes], int]:
         """(head or summary, the window, 1 when the head is the compaction summary) of ``_READ_WINDOW``: in
-        its script when small, else by ``_read_big``."""
+        its script when small, else by ``_read_big``, once ``big`` (if given) admits it."""
         keys = [key, summaries] if summaries else [key]
         args: list[Any] = [limit, READ_ANSWER_BYTES, prefix, READ_FIRST_CHUNK, key if summaries else "", ""]
         if self._sizes:
@@ -1404,8 +1410,13 @@ class ConversationStore:
         head, window, compacted, length = await self._guard(self._read_window(keys=keys, args=args))
         if int(length) < 0:
             return bytes(head), list(window), int(compacted)
-        big: tuple[bytes, list[bytes], int] = await self._guard(self._read_big(key, keys, args))
-        return big
+        end = big() if big is not None else None
+        try:
+            read: tuple[bytes, list[bytes], int] = await self._guard(self._read_big(key, keys, args))
+        finally:
+            if end is not None:
+                end()
+        return read
 
     async def _read_big(self, key: str, keys: list[str], args: list[Any]) -> tuple[bytes, list[bytes], int]:
         """A window too large to copy in a script: its length planned under WATCH (``_READ_WINDOW`` with
