@@ -108,6 +108,19 @@ def _request(
     return response.status, response.read()
 
 
+def _noisy_status(
+    conn: http.client.HTTPConnection, port: int, method: str, path: str, body: bytes | None = None
+) -> tuple[int, http.client.HTTPConnection]:
+    """The status of one of the noisy tenant's requests on ``conn`` (0 when the exchange failed) and the
+    connection for its next one: a new one after a failure, as a flooding client reconnects at once."""
+    try:
+        status, _ = _request(conn, method, path, NOISY, body)
+    except (OSError, http.client.HTTPException):
+        conn.close()
+        return 0, http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    return status, conn
+
+
 def _append_body(count: int, chars: int) -> bytes:
     entries = [{"role": "user" if i % 2 == 0 else "assistant", "content": "x" * chars} for i in range(count)]
     return orjson.dumps({"entries": entries})
@@ -214,12 +227,7 @@ def hammer(port: int, seconds: float, burst_rps: float) -> dict[str, int]:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         n = 0
         while time.monotonic() < deadline:
-            try:
-                status, _ = _request(conn, method, path_of(n), NOISY, body)
-            except (OSError, http.client.HTTPException):
-                status = 0
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            status, conn = _noisy_status(conn, port, method, path_of(n), body)
             with lock:
                 answers[f"{kind} {status}"] += 1
             n += 1
@@ -265,12 +273,7 @@ def greedy(port: int, seconds: float) -> dict[str, int]:
     def loop(kind: str) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         while time.monotonic() < deadline:
-            try:
-                status, _ = _request(conn, "GET", kinds[kind], NOISY)
-            except (OSError, http.client.HTTPException):
-                status = 0
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            status, conn = _noisy_status(conn, port, "GET", kinds[kind])
             with lock:
                 answers[f"greedy {kind} {status}"] += 1
         conn.close()
