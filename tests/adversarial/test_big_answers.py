@@ -63,10 +63,19 @@ def _store(proxy: ServiceProcess, conversation: str, count: int) -> None:
             assert answer.status_code == 200, answer.text
 
 
+@pytest.fixture(scope="module")
+def stored(proxy: ServiceProcess) -> None:
+    """Both tests' conversations, written before either searches: a search's ranking CPU is charged to the
+    agent's transfer rate (``Quotas.charge_cpu``), so after one the agent may be refused for seconds, even
+    at this proxy's unlimited byte rate, and a later write of the same agent with it."""
+    _store(proxy, CONVERSATION, ENTRIES)
+    _store(proxy, "paced", PACED_ENTRIES)
+
+
+@pytest.mark.usefixtures("stored")
 def test_big_reads_and_searches_keep_the_worker_and_valkey_bounded(
     proxy: ServiceProcess, valkey: ValkeyProcess
 ) -> None:
-    _store(proxy, CONVERSATION, ENTRIES)
     worker = worker_pid(proxy.pid)
     worker_before, valkey_before = memory_kib(worker, "VmHWM"), memory_kib(valkey.pid, "VmHWM")
     answers: list[httpx.Response] = []
@@ -103,13 +112,11 @@ def test_big_reads_and_searches_keep_the_worker_and_valkey_bounded(
     assert valkey_growth < MAX_GROWTH_MIB, f"Valkey's peak grew {valkey_growth:.0f} MiB"
 
 
-def test_a_search_is_charged_to_the_agents_transfer_rate_as_it_reads(
-    proxy: ServiceProcess, valkey: ValkeyProcess
-) -> None:
+@pytest.mark.usefixtures("stored")
+def test_a_search_is_charged_to_the_agents_transfer_rate_as_it_reads(valkey: ValkeyProcess) -> None:
     """Written through an unlimited proxy, searched through one at 1 MiB/s with a 2 MiB burst: reading
     ~4.3 MB must take at least the time the rate gives for what exceeds the burst. A slower machine only
     makes it longer."""
-    _store(proxy, "paced", PACED_ENTRIES)
     limited = _proxy(valkey, RATE)
     limited.start()
     try:
