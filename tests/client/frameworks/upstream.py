@@ -28,7 +28,13 @@ from typing import Any
 
 import tests
 
-CACHE = Path(os.environ.get("SESSIONMEM_CACHE", Path.home() / ".cache" / "sessionmem")) / "frameworks"
+# The project's per-user cache, found as tools/lib/common.sh finds it (``cache_root``), so an emptied
+# cache (SESSIONMEM_CACHE_DIR or XDG_CACHE_HOME pointed elsewhere) is empty for the sdists too.
+CACHE_ROOT = Path(
+    os.environ.get("SESSIONMEM_CACHE_DIR")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sessionmem"
+)
+CACHE = CACHE_ROOT / "frameworks"
 
 
 @dataclass(frozen=True)
