@@ -48,8 +48,8 @@ def conversation_ids(prefix: str, count: int = CONVERSATIONS) -> list[str]:
     return [f"{prefix}-{i}" for i in range(count)]
 
 
-def proxy_key(conversation_id: str) -> str:
-    return session_key(OWNER, conversation_id)
+def proxy_key(conversation_id: str, agent: str = DEV_AGENT) -> str:
+    return session_key(Owner(namespace=DEV_NAMESPACE, agent=agent), conversation_id)
 
 
 def ceiling_keys(kind: str, count: int = CONVERSATIONS) -> list[str]:
@@ -64,7 +64,7 @@ def _exchange_entries(count: int) -> list[NewEntry]:
     ]
 
 
-async def _seed(valkey_url: str, keys: Sequence[str], entries: int, sealing: SealingKeys | None) -> None:
+async def _seed(valkey_url: str, keys: Sequence[str], entries: int, sealing: SealingKeys | None, author: str) -> None:
     client = connect(valkey_url, 5.0)
     sealer = None
     if sealing is not None:
@@ -77,7 +77,7 @@ async def _seed(valkey_url: str, keys: Sequence[str], entries: int, sealing: Sea
             remaining = entries
             while remaining > 0:
                 batch = min(remaining, env.MAX_ENTRIES_PER_APPEND)
-                await store.append(key, _exchange_entries(batch), OWNER.author, CAP, TTL_SECONDS)
+                await store.append(key, _exchange_entries(batch), author, CAP, TTL_SECONDS)
                 remaining -= batch
 
         await asyncio.gather(*(one(k) for k in keys))
@@ -85,10 +85,13 @@ async def _seed(valkey_url: str, keys: Sequence[str], entries: int, sealing: Sea
         await client.aclose()
 
 
-def seed(valkey_url: str, keys: Sequence[str], entries: int, sealing: SealingKeys | None = None) -> None:
-    """Make each key a conversation of ``entries`` entries (alternating user/assistant); with ``sealing``,
-    sealed as a proxy with those keys stores them (encryption at rest)."""
-    asyncio.run(_seed(valkey_url, keys, entries, sealing))
+def seed(
+    valkey_url: str, keys: Sequence[str], entries: int, sealing: SealingKeys | None = None, agent: str = DEV_AGENT
+) -> None:
+    """Make each key a conversation of ``entries`` entries (alternating user/assistant), written by
+    ``agent``; with ``sealing``, sealed as a proxy with those keys stores them (encryption at rest)."""
+    author = Owner(namespace=DEV_NAMESPACE, agent=agent).author
+    asyncio.run(_seed(valkey_url, keys, entries, sealing, author))
 
 
 @dataclass(frozen=True)

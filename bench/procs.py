@@ -27,15 +27,15 @@ DEV_NAMESPACE = "bench"
 DEV_AGENT = "agent"
 
 
-def bench_token() -> str:
+def bench_token(agent: str = DEV_AGENT) -> str:
     """The credential of the proxy's explicit dev auth mode (see sessionmem_proxy.admission.dev_token)."""
     from sessionmem_core.devauth import dev_token
 
-    return dev_token(DEV_NAMESPACE, DEV_AGENT)
+    return dev_token(DEV_NAMESPACE, agent)
 
 
-def bench_authorization() -> str:
-    return f"Bearer {bench_token()}"
+def bench_authorization(agent: str = DEV_AGENT) -> str:
+    return f"Bearer {bench_token(agent)}"
 
 
 def free_port() -> int:

@@ -119,8 +119,10 @@ class Suite:
         method: str = "GET",
         body: bytes = b"",
         tool: str | None = None,
+        auth: tuple[tuple[str, str], ...] | None = None,
     ) -> LoadResult:
-        headers = self._auth + ((("content-type", "application/json"),) if body else ())
+        """``auth``: the agent's credential header, the benchmark's one agent's unless given."""
+        headers = (auth or self._auth) + ((("content-type", "application/json"),) if body else ())
         latency_run = connections == 1
         load = Load(
             port=port,
@@ -212,31 +214,36 @@ class Suite:
         """Encryption at rest's cost: the proxy without it and with it (a directory of data keys, so no API
         server is in the loop; the data key is cached either way), 1 worker each, loaded in turn as
         ``proxy_before`` loads its two proxies. Each reads conversations stored its own way (the sealed one
-        500 sealed entries) and appends to conversations of its own."""
+        500 sealed entries) and appends to conversations of its own, each side as an agent of its own: an
+        agent's accounting and catalogue hashes are small-encoded (a listpack, scanned per write) up to
+        Valkey's entry limit, so conversations sharing one agent would make whichever side wrote there
+        second pay more per append for that alone."""
         assert self.valkey is not None
         self.log("proxy without and with encryption at rest, 1 worker each, loaded in turn")
         root = Path(tempfile.mkdtemp(prefix="sessionmem-bench-sealing-"))
         try:
             keys = data.SealingKeys.make(root)
-            url = self.valkey.url
-            data.seed(url, [data.proxy_key(c) for c in data.conversation_ids("sr500")], data.CAP, keys)
-            data.seed(url, [data.proxy_key(c) for c in data.conversation_ids("sa")], data.CAP - 2, keys)
-            data.seed(url, [data.proxy_key(c) for c in data.conversation_ids("pa")], data.CAP - 2)
+            url, plain_agent, sealed_agent = self.valkey.url, "sealing-off", "sealing-on"
+            for agent, sealing in ((plain_agent, None), (sealed_agent, keys)):
+                for prefix, entries in (("r500", data.CAP), ("a", data.CAP - 2)):
+                    conversations = [data.proxy_key(c, agent) for c in data.conversation_ids(prefix)]
+                    data.seed(url, conversations, entries, sealing, agent)
             with (
                 self.service(proxy(url, 1, report.SEALING_TREES["off"])) as off,
                 self.service(proxy(url, 1, report.SEALING_TREES["on"], extra_env=keys.proxy_env())) as on,
             ):
-                sides = [(off, "off", "r500", "pa"), (on, "on", "sr500", "sa")]
+                sides = [(off, "off", plain_agent), (on, "on", sealed_agent)]
                 for round_ in range(1, report.INTERLEAVED_ROUNDS + 1):
                     for op in PROXY_OPS:
-                        for svc, mode, reads, appends in sides if round_ % 2 else sides[::-1]:
+                        for svc, mode, agent in sides if round_ % 2 else sides[::-1]:
                             key = report.sealing_key(mode, op) + report.round_suffix(round_)
                             label = f"proxy {op}, encryption at rest {mode}, 1 worker, 64 conns, round {round_}"
+                            auth = (("authorization", bench_authorization(agent)),)
                             if op == "read":
-                                self.http(key, label, svc.port, self._read_paths(reads), 64, [svc])
+                                self.http(key, label, svc.port, self._read_paths("r500"), 64, [svc], auth=auth)
                             else:
-                                paths, body = self._append_paths(appends), data.exchange_body()
-                                self.http(key, label, svc.port, paths, 64, [svc], method="POST", body=body)
+                                paths, body = self._append_paths("a"), data.exchange_body()
+                                self.http(key, label, svc.port, paths, 64, [svc], method="POST", body=body, auth=auth)
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
