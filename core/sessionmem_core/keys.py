@@ -226,6 +226,16 @@ def sizes_key_of(conversation_key: str) -> str:
     return SIZES_PREFIX + conversation_key.removeprefix(KEY_PREFIX)
 
 
+RETRY_PREFIX = f"{KEY_PREFIX}retry:"
+
+
+def retry_index_of(conversation_key: str) -> str:
+    """The idempotency keys of a conversation's latest keyed appends, each with its version (a sorted set
+    kept by the append script), so an append whose key is not among them needs not read the entries to
+    know it is no retry. Beside the conversation like ``sizes_key_of`` (same prefix rule, standalone only)."""
+    return RETRY_PREFIX + conversation_key.removeprefix(KEY_PREFIX)
+
+
 _BUCKET_IN_KEY = re.compile(r"^mem:[^:]+:u:([0-9a-f]{32}):")
 
 
@@ -252,7 +262,7 @@ _LAYOUTS = (
     re.compile(rf"^mem:(?P<namespace>{_LABEL})/(?P<agent>{_LABEL}):(?P<cid>{_ID})$"),
     re.compile(rf"^mem:shared:(?P<registry>{_LABEL}):(?P<cid>{_ID})$"),
     re.compile(rf"^mem:(?P<namespace>{_LABEL})/(?P<agent>{_LABEL}):u:(?P<bucket>[0-9a-f]{{32}}):(?P<cid>{_ID})$"),
-    re.compile(rf"^mem:sizes:(?:{_LABEL}/{_LABEL}:(?:u:[0-9a-f]{{32}}:)?|shared:{_LABEL}:){_ID}$"),
+    re.compile(rf"^mem:(?:sizes|retry):(?:{_LABEL}/{_LABEL}:(?:u:[0-9a-f]{{32}}:)?|shared:{_LABEL}:){_ID}$"),
     re.compile(
         rf"^mem:usage:\{{(?:{_LABEL}/{_LABEL}|shared:{_LABEL})\}}:(?:expiry|bytes|meta|summary|deks|recent(?::[0-9a-f]{{32}})?)$"
     ),
@@ -273,8 +283,8 @@ def conversation_of(agent_prefix: str, key: str) -> tuple[str | None, str] | Non
 
 
 def matches_layout(key: str) -> bool:
-    """True when ``key`` is one of the three layouts above, a conversation's sizes or a usage key (used to
-    audit a Valkey keyspace)."""
+    """True when ``key`` is one of the three layouts above, a conversation's sizes or retry index, or a
+    usage key (used to audit a Valkey keyspace)."""
     return any(layout.match(key) for layout in _LAYOUTS)
 
 

@@ -43,6 +43,7 @@ from sessionmem_core.keys import (
     data_key_space,
     data_key_unit,
     new_message_id,
+    retry_index_of,
     sizes_key_of,
     usage_keys_of,
 )
@@ -64,7 +65,9 @@ _LOG = logging.getLogger("sessionmem.store")
 # read from the tail in chunks growing from 4 to RETRY_CHUNK_ENTRIES, stopping as soon as every client id
 # is found or RETRY_WINDOW_BYTES have been read. They bound the work per append whatever the
 # conversation's length (at most the window bytes plus one chunk of entries); a retry is recognised while
-# its original is inside that window (docs/lifecycle.md, "Retries").
+# its original is inside that window (docs/lifecycle.md, "Retries"). An append with an idempotency key
+# reads the window only when the conversation's retry index (the append script's ``RETRY``) lists its key
+# or is missing.
 RETRY_WINDOW_ENTRIES = 2 * env.MAX_ENTRIES_PER_APPEND
 RETRY_WINDOW_BYTES = 2 * env.MAX_BODY_BYTES
 RETRY_CHUNK_ENTRIES = 16
@@ -99,6 +102,7 @@ class _StaleDataKey(Exception):
 # stamped by every write that makes a new newest entry (``restamp``), so it always sits on the newest.
 _VERSION_FUNCTIONS = """
 local SIZES = nil
+local RETRY = nil
 local function version_of(entry)
   if not entry then return 0 end
   local v, r = string.match(entry, '^{"id":"[^"]*","v":(%d+),"rewoundAt":(%d+)')
@@ -139,6 +143,8 @@ local function sizes_push(key, fresh, entries, cap, ttl)
   redis.call('EXPIRE', SIZES, ttl)
 end
 local function sizes_pop(key)
+  -- Removing from the newest end moves the retry window back over older entries: the index goes.
+  if RETRY then redis.call('DEL', RETRY) end
   if not SIZES then return end
   redis.call('RPOP', SIZES)
   if redis.call('EXISTS', key) == 0 then redis.call('DEL', SIZES) end
@@ -179,11 +185,29 @@ local function append(key, a)
     end
   end
   if idem ~= '' then missing = 1 end
+  -- RETRY, the retry index (standalone only): a digest of each key of the conversation's latest keyed
+  -- appends (``retry_index_member``), at most as many as the window holds entries, each scored with its
+  -- version, kept by this script alone. Every key stamped in the window is in it, as the window only moves
+  -- on while the index lives (a pop, a rewind, a replace, a fork and a delete drop it). So a key missing
+  -- from it is no retry and no entry is read; a key in it (or one sharing its digest) is looked for in the
+  -- entries as before (the cap may have trimmed its original), and so is every key of a conversation with
+  -- entries and no index, whose stamps found in the window then make its index.
+  local indexing, member = nil, nil
+  if idem ~= '' and RETRY then
+    member = string.sub(redis.sha1hex(idem), 1, 8)
+    if not tail then
+      redis.call('DEL', RETRY)
+    elseif not redis.call('ZSCORE', RETRY, member) then
+      if redis.call('EXISTS', RETRY) == 1 then missing = 0 else indexing = {} end
+    end
+  end
   local stored_before = {}
   local original = nil
   -- An entry holds the key only if these bytes are in it: a plain search rules most entries out, and the
-  -- anchored patterns (several times its cost per entry) run only where it found them.
+  -- anchored patterns (several times its cost per entry) run only where it found them; when making the
+  -- index, wherever an entry holds any key.
   local idem_mark = ',"idempotencyKey":"' .. idem .. '"'
+  local find_mark = indexing and ',"idempotencyKey":"' or idem_mark
   if tail and missing > 0 then
     local limit = math.min(window, redis.call('LLEN', key))
     local from, chunk, seen_bytes = 1, 4, 0
@@ -194,7 +218,7 @@ local function append(key, a)
         seen_bytes = seen_bytes + #part[j]
         if idem ~= '' then
           local at, k = nil, nil
-          if string.find(part[j], idem_mark, 1, true) then
+          if string.find(part[j], find_mark, 1, true) then
             at, k = string.match(part[j], '^{"id":"[^"]*","v":(%d+),"idempotencyKey":"([^"]*)"')
             if not k then
               at, k = string.match(part[j], '^{"id":"[^"]*","v":(%d+),"rewoundAt":%d+,"idempotencyKey":"([^"]*)"')
@@ -204,6 +228,9 @@ local function append(key, a)
             original = tonumber(at)
             missing = 0
             break
+          elseif k and indexing then
+            indexing[#indexing + 1] = at
+            indexing[#indexing + 1] = string.sub(redis.sha1hex(k), 1, 8)
           end
         else
           local id = string.match(part[j], '^{"id":"([^"]*)"')
@@ -254,6 +281,13 @@ local function append(key, a)
   v = v + 1
   local length = redis.call('RPUSH', key, unpack(batch))
   sizes_push(key, not tail, batch, cap, ttl)
+  if member then
+    if indexing and #indexing > 0 then redis.call('ZADD', RETRY, unpack(indexing)) end
+    redis.call('ZADD', RETRY, v, member)
+    local keep = math.min(window, cap)
+    if redis.call('ZCARD', RETRY) > keep then redis.call('ZREMRANGEBYRANK', RETRY, 0, -keep - 1) end
+    redis.call('EXPIRE', RETRY, ttl)
+  end
   if length > cap then
     for _, gone in ipairs(redis.call('LRANGE', key, 0, length - cap - 1)) do
       added = added - #gone
@@ -288,6 +322,7 @@ local function replace(key, a)
     batch[#batch + 1] = '{"id":"' .. ARGV[i] .. '","v":' .. v .. stamp .. ARGV[i + 1]
   end
   redis.call('DEL', key)
+  if RETRY then redis.call('DEL', RETRY) end
   redis.call('RPUSH', key, unpack(batch))
   sizes_push(key, true, batch, cap, ttl)
   redis.call('LTRIM', key, -cap, -1)
@@ -361,6 +396,7 @@ local function create(key, a)
   local cap, ttl, first = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), a + 3
   if redis.call('EXISTS', key) == 1 then return {-1, 0} end
   if #ARGV < first then return {0, 0} end
+  if RETRY then redis.call('DEL', RETRY) end
   redis.call('RPUSH', key, unpack(ARGV, first, #ARGV))
   redis.call('LTRIM', key, -cap, -1)
   local kept = {unpack(ARGV, math.max(first, #ARGV - cap + 1), #ARGV)}
@@ -550,8 +586,9 @@ return data_key_stale(KEYS[1], ARGV[1], ARGV[2]) or -1
 )
 
 # counted(write): a write behind its quota check and with its accounting, one atomic step. KEYS = the
-# conversation, expiries, sizes, then the catalogue's metadata, summaries and index, the entry sizes kept
-# beside the conversation (``SIZES``), and for a write that seals the space's data key marks; ARGV = max
+# conversation, expiries, sizes, then the catalogue's metadata, summaries and index, the entry sizes and
+# the retry index kept beside the conversation (``SIZES``, ``RETRY``), and for a write that seals the
+# space's data key marks; ARGV = max
 # conversations, max bytes, for a write that seals its unit and DEK id, then the write's own arguments.
 # Answers {0, the write's reply}, or {verdict} when refused (1 or 2: nothing written), or {3, the mark's
 # generation} when the DEK is not the unit's current one.
@@ -559,8 +596,8 @@ _COUNTED_FUNCTION = """
 local function counted(write)
   CATALOGUE = {meta = KEYS[4], summary = KEYS[5], recent = KEYS[6]}
   local a = 3
-  if KEYS[8] then
-    local stale = data_key_stale(KEYS[8], ARGV[3], ARGV[4])
+  if KEYS[9] then
+    local stale = data_key_stale(KEYS[9], ARGV[3], ARGV[4])
     if stale then return {3, stale} end
     a = 5
   end
@@ -593,10 +630,10 @@ def _scripts(function: str, name: str, admitted: bool = True) -> tuple[str, str]
     """A write's two scripts: alone (KEYS = the conversation; its arguments from ARGV[1]), answering its
     reply; and counted (``counted`` above, or ``shrinking`` for a write that is not ``admitted``)."""
     body = _VERSION_FUNCTIONS + function
-    alone = body + f"SIZES = KEYS[2]\nlocal reply = {name}(KEYS[1], 1)\nreturn reply\n"
+    alone = body + f"SIZES = KEYS[2]\nRETRY = KEYS[3]\nlocal reply = {name}(KEYS[1], 1)\nreturn reply\n"
     wrapper, wrap = (_COUNTED_FUNCTION, "counted") if admitted else (_SHRINKING_FUNCTION, "shrinking")
     counted = _USAGE_FUNCTIONS + _DATA_KEY_FUNCTIONS + wrapper + body
-    return alone, counted + f"SIZES = KEYS[7]\nreturn {wrap}({name})\n"
+    return alone, counted + f"SIZES = KEYS[7]\nRETRY = KEYS[8]\nreturn {wrap}({name})\n"
 
 
 _APPEND, _APPEND_COUNTED = _scripts(_APPEND_FUNCTION, "append")
@@ -638,7 +675,7 @@ local v = version_of(redis.call('LINDEX', KEYS[1], -1))
 if ARGV[1] ~= '*' and tonumber(ARGV[1]) ~= v then return {-1, v} end
 local n = redis.call('LLEN', KEYS[1])
 redis.call('DEL', KEYS[1])
-if KEYS[2] then redis.call('DEL', KEYS[2]) end
+if KEYS[2] then redis.call('DEL', KEYS[2], KEYS[3]) end
 return {n, v}
 """
 )
@@ -653,7 +690,7 @@ local v = version_of(redis.call('LINDEX', KEYS[1], -1))
 if ARGV[1] ~= '*' and tonumber(ARGV[1]) ~= v then return {-1, v} end
 local n = redis.call('LLEN', KEYS[1])
 redis.call('DEL', KEYS[1])
-if KEYS[7] then redis.call('DEL', KEYS[7]) end
+if KEYS[7] then redis.call('DEL', KEYS[7], KEYS[8]) end
 local now = usage_now()
 usage_prune(KEYS[2], KEYS[3], now)
 usage_apply(KEYS[2], KEYS[3], KEYS[1], 'forget', 0, 0, now)
@@ -1262,6 +1299,15 @@ def append_args(
     ]
 
 
+def retry_index_member(idempotency_key: str) -> str:
+    """What a conversation's retry index holds for an idempotency key (the append script makes it alike:
+    ``redis.sha1hex``'s first 8 characters): fixed in size whatever the key, so the index stays a small
+    fraction of the entries it stands for (one member per keyed append it still holds, at most the cap),
+    and not the key itself. Two keys sharing a digest cost only a search of the entries, never a retry
+    taken for new."""
+    return hashlib.sha1(idempotency_key.encode(), usedforsecurity=False).hexdigest()[:8]
+
+
 # The append script, uncounted (the ledger's accounting apart), as ``append_args`` feeds it.
 APPEND_SCRIPT = _APPEND
 
@@ -1817,9 +1863,9 @@ class ConversationStore:
 
     def _written(self, key: str) -> list[str]:
         """KEYS of a write script: the conversation, its accounting's and catalogue's keys when counted,
-        then its sizes when kept (``SIZES`` of the scripts)."""
+        then its sizes and retry index when kept (``SIZES`` and ``RETRY`` of the scripts)."""
         keys = [key, *usage_keys_of(key)] if self._counted else [key]
-        return [*keys, sizes_key_of(key)] if self._sizes else keys
+        return [*keys, sizes_key_of(key), retry_index_of(key)] if self._sizes else keys
 
     async def _call(self, script: Any, key: str, args: list[Any]) -> Any:
         return await self._guard(script(keys=[key], args=args))
@@ -1843,7 +1889,8 @@ class ConversationStore:
         if quota is None:
             raise TypeError("a write to a store that accounts its writes needs the writer's storage quota")
         max_conversations, max_bytes = quota.max_conversations, quota.max_bytes
-        # A counted store is a standalone server's, which keeps the sizes: KEYS[7] (``SIZES``), marks KEYS[8].
+        # A counted store is a standalone server's, which keeps the sizes and the retry index: KEYS[7]
+        # (``SIZES``) and KEYS[8] (``RETRY``), marks KEYS[9].
         keys = self._written(key)
         if dek is None:
             args = [max_conversations, max_bytes, *args]

