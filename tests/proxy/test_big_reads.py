@@ -22,33 +22,16 @@ from sessionmem_proxy.store import (
     READ_COPY_BYTES,
     ConversationStore,
     NewEntry,
-    StorageQuota,
     UsageLedger,
     version_of,
     written_at,
 )
-from sessionmem_proxy.valkey_client import connect
+from tests.support.stores import UNLIMITED_QUOTA
 from tests.support.valkey import ValkeyProcess
 
 AUTHOR = "team-a/agent"
 KEY = "mem:team-a/agent:big"
 PAGE_BYTES = 1024 * 1024
-
-
-class _Quota:
-    max_conversations = 1000
-    max_bytes = 1 << 40
-
-
-QUOTA: StorageQuota = _Quota()
-
-
-@pytest.fixture
-async def store(valkey_server: ValkeyProcess) -> AsyncIterator[ConversationStore]:
-    """The store as the proxy runs it on a standalone server: its pipelining client and the accounting."""
-    client = connect(valkey_server.url, 5.0)
-    yield ConversationStore(client, UsageLedger(client))
-    await client.aclose()
 
 
 def _entry(index: int, size: int) -> NewEntry:
@@ -61,7 +44,7 @@ def _ids(raw_entries: list[bytes]) -> list[str]:
 
 async def _fill(store: ConversationStore, sizes: list[int], key: str = KEY, cap: int = 500) -> None:
     for i, size in enumerate(sizes):
-        await store.append(key, [_entry(i, size)], AUTHOR, cap=cap, ttl_seconds=600, quota=QUOTA)
+        await store.append(key, [_entry(i, size)], AUTHOR, cap=cap, ttl_seconds=600, quota=UNLIMITED_QUOTA)
 
 
 def _slowlog_commands(server: ValkeyProcess) -> list[list[str]]:
@@ -118,14 +101,14 @@ async def test_the_sizes_follow_every_write(store: ConversationStore, valkey_ser
     aligned()
     await store.rewind(KEY, 5)
     aligned()
-    await store.replace(KEY, [_entry(50, 70), _entry(51, 80)], AUTHOR, None, 5, 600, QUOTA)
+    await store.replace(KEY, [_entry(50, 70), _entry(51, 80)], AUTHOR, None, 5, 600, UNLIMITED_QUOTA)
     aligned()
     fork = "mem:team-a/agent:fork"
-    await store.create(fork, sync.lrange(KEY, 0, -1), 5, 600, QUOTA)
+    await store.create(fork, sync.lrange(KEY, 0, -1), 5, 600, UNLIMITED_QUOTA)
     aligned(fork)
     source, trimmed = "mem:team-a/agent:source", "mem:team-a/agent:trimmed"
     await _fill(store, [10, 20, 30, 40], key=source)
-    created = await store.create(trimmed, sync.lrange(source, 0, -1), 3, 600, QUOTA)  # past the cap
+    created = await store.create(trimmed, sync.lrange(source, 0, -1), 3, 600, UNLIMITED_QUOTA)  # past the cap
     assert (created.stored, created.version) == (3, 4)
     aligned(trimmed)
     await store.delete(KEY)
@@ -210,11 +193,11 @@ async def test_big_reads_during_writes_are_each_of_one_moment(
             elif i % 11 == 0:
                 version = (await store.rewind(KEY, version - 3)).version
             elif i % 5 == 0:
-                await store.compact(KEY, NewEntry("system", "summary"), AUTHOR, version - 2, QUOTA)
+                await store.compact(KEY, NewEntry("system", "summary"), AUTHOR, version - 2, UNLIMITED_QUOTA)
                 continue
             else:
                 size = 150_000 if i % 3 else 2_000
-                version = (await store.append(KEY, [_entry(i, size)], AUTHOR, 40, 600, QUOTA)).version
+                version = (await store.append(KEY, [_entry(i, size)], AUTHOR, 40, 600, UNLIMITED_QUOTA)).version
             states[version] = sync.lrange(KEY, 0, -1)
             await asyncio.sleep(0.002)
         stop.set()

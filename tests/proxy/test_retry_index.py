@@ -5,10 +5,7 @@ conversation without one is searched as before and then indexed)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from sessionmem_core.keys import retry_index_of
 from sessionmem_proxy.store import (
@@ -16,11 +13,9 @@ from sessionmem_proxy.store import (
     AppendResult,
     ConversationStore,
     NewEntry,
-    StorageQuota,
-    UsageLedger,
     retry_index_member,
 )
-from sessionmem_proxy.valkey_client import connect
+from tests.support.stores import UNLIMITED_QUOTA
 from tests.support.valkey import ValkeyProcess
 
 AUTHOR = "team-a/agent"
@@ -28,27 +23,11 @@ KEY = "mem:team-a/agent:retries"
 INDEX = retry_index_of(KEY)
 
 
-class _Quota:
-    max_conversations = 1000
-    max_bytes = 1 << 40
-
-
-QUOTA: StorageQuota = _Quota()
-
-
-@pytest.fixture
-async def store(valkey_server: ValkeyProcess) -> AsyncIterator[ConversationStore]:
-    """The store as the proxy runs it on a standalone server: its pipelining client and the accounting."""
-    client = connect(valkey_server.url, 5.0)
-    yield ConversationStore(client, UsageLedger(client))
-    await client.aclose()
-
-
 async def _append(
     store: ConversationStore, idempotency_key: str | None, content: str = "x", key: str = KEY
 ) -> AppendResult:
     entries = [NewEntry("user", content), NewEntry("assistant", content)]
-    return await store.append(key, entries, AUTHOR, 500, 600, QUOTA, idempotency_key=idempotency_key)
+    return await store.append(key, entries, AUTHOR, 500, 600, UNLIMITED_QUOTA, idempotency_key=idempotency_key)
 
 
 def _index(server: ValkeyProcess, key: str = INDEX) -> dict[str, int]:
@@ -118,7 +97,7 @@ async def test_a_conversation_without_an_index_is_searched_then_indexed(
     for n in range(5):
         await _append(store, f"k{n}")
     lookalike = NewEntry("tool", "", item={"idempotencyKey": "in-an-item"})
-    await store.append(KEY, [lookalike], AUTHOR, 500, 600, QUOTA)
+    await store.append(KEY, [lookalike], AUTHOR, 500, 600, UNLIMITED_QUOTA)
     sync.delete(INDEX)
     retried = await _append(store, "k1")
     assert (retried.stored, retried.version) == (0, 2)
@@ -144,11 +123,11 @@ async def test_writes_that_take_entries_from_the_newest_end_drop_the_index(
     await store.rewind(KEY, 2)
     assert not sync.exists(INDEX)
     assert (await _append(store, "k2")).stored == 2, "rewound past k2: its entries are gone"
-    await store.replace(KEY, [NewEntry("user", "fresh")], AUTHOR, None, 500, 600, QUOTA)
+    await store.replace(KEY, [NewEntry("user", "fresh")], AUTHOR, None, 500, 600, UNLIMITED_QUOTA)
     assert not sync.exists(INDEX)
     await _append(store, "k9")
     fork = "mem:team-a/agent:fork"
-    await store.create(fork, sync.lrange(KEY, 0, -1), 500, 600, QUOTA)
+    await store.create(fork, sync.lrange(KEY, 0, -1), 500, 600, UNLIMITED_QUOTA)
     assert not sync.exists(retry_index_of(fork))
     assert (await _append(store, "k9", key=fork)).stored == 0, "the fork's copy of k9's entries is its original"
     await store.delete(KEY)
@@ -162,7 +141,7 @@ async def test_the_index_holds_no_more_keys_than_the_cap_keeps_entries(
     each is a digest of fixed size, so a long key costs the index no more than a short one."""
     entries = [NewEntry("user", "x")]
     for n in range(12):
-        await store.append(KEY, entries, AUTHOR, 5, 600, QUOTA, idempotency_key=f"{n}-" + "k" * 120)
+        await store.append(KEY, entries, AUTHOR, 5, 600, UNLIMITED_QUOTA, idempotency_key=f"{n}-" + "k" * 120)
     index = _index(valkey_server)
     assert index == _indexed({f"{n}-" + "k" * 120: n + 1 for n in range(7, 12)})
     assert {len(member) for member in index} == {8}
