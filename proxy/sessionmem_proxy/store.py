@@ -588,8 +588,8 @@ return data_key_stale(KEYS[1], ARGV[1], ARGV[2]) or -1
 # counted(write): a write behind its quota check and with its accounting, one atomic step. KEYS = the
 # conversation, expiries, sizes, then the catalogue's metadata, summaries and index, the entry sizes and
 # the retry index kept beside the conversation (``SIZES``, ``RETRY``), and for a write that seals the
-# space's data key marks; ARGV = max
-# conversations, max bytes, for a write that seals its unit and DEK id, then the write's own arguments.
+# space's data key marks; ARGV = max conversations, max bytes, for a write that seals its unit and DEK
+# id, then the write's own arguments.
 # Answers {0, the write's reply}, or {verdict} when refused (1 or 2: nothing written), or {3, the mark's
 # generation} when the DEK is not the unit's current one.
 _COUNTED_FUNCTION = """
