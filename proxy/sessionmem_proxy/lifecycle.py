@@ -21,7 +21,7 @@ from sessionmem_core.keys import (
     sibling_key,
     usage_keys_of,
 )
-from sessionmem_infra.serving import Reply, memory_reply, model_reply, not_modified_reply
+from sessionmem_infra.serving import Reply, array_body, memory_reply, model_reply, not_modified_reply
 from sessionmem_proxy.admission import ProxyContext, identify
 from sessionmem_proxy.bulk import erase_space, export_page
 from sessionmem_proxy.operations import (
@@ -91,12 +91,12 @@ async def search(ctx: ProxyContext, p: SearchParams, _: BaseModel | None) -> Rep
         matches = ranking.best(READ_ANSWER_BYTES)
         op.span.entries, op.span.version = len(matches), version
         # The matches as stored (their items unchanged), in a SearchResponse document.
-        body = b'{"conversationId":%s,"scope":"%s","query":%s,"matches":[%s]}' % (
+        head = b'{"conversationId":%s,"scope":"%s","query":%s,"matches":[' % (
             orjson.dumps(op.conversation),
             op.scope.encode(),
             orjson.dumps(p.q),
-            b",".join(matches),
         )
+        body = array_body(head, matches, b"]}")
         return memory_reply(body, op.scope, len(matches), version)
 
 
@@ -234,14 +234,16 @@ async def export(ctx: ProxyContext, p: ExportParams, _: BaseModel | None) -> Rep
             etag = None if page.life is None else api.etag(page.life, page.version, page.summary_digest)
             if etag is not None and (page.unchanged or p.if_none_match == etag):
                 return not_modified_reply(etag, op.scope, page.version)
-            body = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[%s],"nextOffset":%s%s}' % (
+            head = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[' % (
                 orjson.dumps(op.conversation),
                 op.scope.encode(),
                 page.version,
-                b",".join(page.raw_entries),
+            )
+            tail = b'],"nextOffset":%s%s}' % (
                 b"null" if page.next_offset is None else b"%d" % page.next_offset,
                 b',"summary":' + summary if summary else b"",
             )
+            body = array_body(head, page.raw_entries, tail)
             await quotas.pace(owner, len(body))
         finally:
             end()

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from sessionmem_core import api, env, wire
 from sessionmem_core.errors import InvalidRequest
 from sessionmem_core.keys import Scope
-from sessionmem_infra.serving import Reply, memory_reply, not_modified_reply
+from sessionmem_infra.serving import Reply, array_body, memory_reply, not_modified_reply
 from sessionmem_proxy.admission import AgentIdentity, Operation, ProxyContext, conversation_operation
 from sessionmem_proxy.redaction import strings_of, with_strings
 from sessionmem_proxy.store import EntryToStore, NewEntry
@@ -591,21 +591,13 @@ async def read_entries(ctx: ProxyContext, p: ReadParams, _: BaseModel | None) ->
         etag = None if p.summary or result.life is None else api.etag(result.life, result.version)
         if etag is not None and p.if_none_match == etag:
             return not_modified_reply(etag, op.scope, result.version)
-        summary_part = (b',"summary":' + result.raw_summary) if result.raw_summary else b""
-        body = b"".join(
-            (
-                b'{"conversationId":',
-                orjson.dumps(op.conversation),
-                b',"scope":"',
-                op.scope.encode(),
-                b'","version":',
-                str(result.version).encode(),
-                b',"entries":',
-                result.entries_json(),
-                summary_part,
-                b"}",
-            )
+        head = b'{"conversationId":%s,"scope":"%s","version":%d,"entries":[' % (
+            orjson.dumps(op.conversation),
+            op.scope.encode(),
+            result.version,
         )
+        tail = b'],"summary":' + result.raw_summary + b"}" if result.raw_summary else b"]}"
+        body = array_body(head, result.raw_entries, tail)
         ctx.quotas.charge(op.identity.owner, len(body))
         return memory_reply(body, op.scope, len(result.raw_entries), result.version, etag)
 

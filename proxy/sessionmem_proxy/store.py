@@ -1095,10 +1095,6 @@ class ReadResult:
     raw_summary: bytes | None = None
     life: str | None = NO_LIFE
 
-    def entries_json(self) -> bytes:
-        """The entries as a JSON array, made of the stored bytes without decoding them."""
-        return b"[" + b",".join(self.raw_entries) + b"]"
-
 
 @dataclass(slots=True)
 class ExportPage:
