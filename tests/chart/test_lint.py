@@ -1149,6 +1149,13 @@ async def test_valkey_acl_lets_the_store_work_and_nothing_else(
         first = await store.append(key, [NewEntry("user", "hello", "m1")], "team/agent", 10, 60, _QUOTA)
         assert (first.version, first.stored) == (1, 1)
         assert (await store.append(key, [NewEntry("user", "hello", "m1")], "team/agent", 10, 60, _QUOTA)).duplicate
+        keyed = "mem:team/agent:keyed"  # appends with idempotency keys, past the retry index's bound (the cap)
+        for n in range(12):
+            entry = [NewEntry("user", f"keyed {n}")]
+            await store.append(keyed, entry, "team/agent", 10, 60, _QUOTA, idempotency_key=f"turn-{n}")
+        again = [NewEntry("user", "keyed 11")]
+        assert (await store.append(keyed, again, "team/agent", 10, 60, _QUOTA, idempotency_key="turn-11")).duplicate
+        assert await store.delete(keyed) == 10
         assert (await store.read(key, 5)).version == 1
         assert (await store.read(key, 0)).version == 1
         assert (await store.read_with_summary(key, 5)).raw_entries
