@@ -230,9 +230,10 @@ RETRY_PREFIX = f"{KEY_PREFIX}retry:"
 
 
 def retry_index_of(conversation_key: str) -> str:
-    """The idempotency keys of a conversation's latest keyed appends, each with its version (a sorted set
-    kept by the append script), so an append whose key is not among them needs not read the entries to
-    know it is no retry. Beside the conversation like ``sizes_key_of`` (same prefix rule, standalone only)."""
+    """A digest of the idempotency key of each of a conversation's latest keyed appends, scored with its
+    version (a sorted set kept by the append script), so an append whose key's digest is not among them
+    need not read the entries to know it is no retry. Beside the conversation like ``sizes_key_of`` (same
+    prefix rule, standalone only)."""
     return RETRY_PREFIX + conversation_key.removeprefix(KEY_PREFIX)
 
 

@@ -169,6 +169,9 @@ end
 # the same batch, is skipped; the rest are stored. Answers {version, stored, length, duplicate ids, bytes
 # added (net of what the cap trimmed), 1 when the conversation was new, its life id}.
 _APPEND_FUNCTION = """
+local function retry_member(idempotency_key)
+  return string.sub(redis.sha1hex(idempotency_key), 1, 8)
+end
 local function append(key, a)
   local cap, ttl, window = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local window_bytes, max_chunk, idem = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5]
@@ -194,7 +197,7 @@ local function append(key, a)
   -- entries and no index, whose stamps found in the window then make its index.
   local indexing, member = nil, nil
   if idem ~= '' and RETRY then
-    member = string.sub(redis.sha1hex(idem), 1, 8)
+    member = retry_member(idem)
     if not tail then
       redis.call('DEL', RETRY)
     elseif not redis.call('ZSCORE', RETRY, member) then
@@ -230,7 +233,7 @@ local function append(key, a)
             break
           elseif k and indexing then
             indexing[#indexing + 1] = at
-            indexing[#indexing + 1] = string.sub(redis.sha1hex(k), 1, 8)
+            indexing[#indexing + 1] = retry_member(k)
           end
         else
           local id = string.match(part[j], '^{"id":"([^"]*)"')
@@ -1296,11 +1299,11 @@ def append_args(
 
 
 def retry_index_member(idempotency_key: str) -> str:
-    """What a conversation's retry index holds for an idempotency key (the append script makes it alike:
-    ``redis.sha1hex``'s first 8 characters): fixed in size whatever the key, so the index stays a small
-    fraction of the entries it stands for (one member per keyed append it still holds, at most the cap),
-    and not the key itself. Two keys sharing a digest cost only a search of the entries, never a retry
-    taken for new."""
+    """What a conversation's retry index holds for an idempotency key (the append script's
+    ``retry_member`` makes it alike: ``redis.sha1hex``'s first 8 characters): fixed in size whatever the
+    key, so the index stays a small fraction of the entries it stands for (one member per keyed append it
+    still holds, at most the cap), and not the key itself. Two keys sharing a digest cost only a search of
+    the entries, never a retry taken for new."""
     return hashlib.sha1(idempotency_key.encode(), usedforsecurity=False).hexdigest()[:8]
 
 
